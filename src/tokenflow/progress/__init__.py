@@ -1,0 +1,21 @@
+"""Progress tracking (layer 2 of DESIGN.md): pointstamp counts, frontiers, reachability.
+
+Source: progress-tracking-notes.md.
+"""
+
+from tokenflow.progress.antichain import Antichain, MutableAntichain
+from tokenflow.progress.change_batch import ChangeBatch
+from tokenflow.progress.location import Location, Source, Target
+from tokenflow.progress.reachability import Builder, CycleError, Tracker
+
+__all__ = [
+    "Antichain",
+    "Builder",
+    "ChangeBatch",
+    "CycleError",
+    "Location",
+    "MutableAntichain",
+    "Source",
+    "Target",
+    "Tracker",
+]

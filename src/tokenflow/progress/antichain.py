@@ -1,0 +1,189 @@
+"""``Antichain`` and ``MutableAntichain``: frontiers of partially ordered elements.
+
+Source: progress-tracking-notes.md ("Per-Port Information"); timely's ``progress/frontier.rs``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from tokenflow.order.partial_order import less_equal, less_than
+from tokenflow.progress.change_batch import ChangeBatch
+
+
+class Antichain:
+    """A set of mutually incomparable elements: the minimal elements inserted so far.
+
+    Elements are timestamps or path summaries (anything with the partial order of
+    :mod:`tokenflow.order`).  An empty antichain is the "done" frontier: nothing is ≥ it.
+    """
+
+    __slots__ = ("_elements",)
+
+    def __init__(self, elements: Iterable[Any] = ()) -> None:
+        self._elements: list[Any] = []
+        for e in elements:
+            self.insert(e)
+
+    @staticmethod
+    def from_elem(element: Any) -> Antichain:
+        a = Antichain()
+        a._elements.append(element)
+        return a
+
+    def insert(self, element: Any) -> bool:
+        """Insert ``element`` unless some element is ≤ it; remove elements it is ≤ to.
+
+        Returns True when the antichain changed.
+        """
+        for e in self._elements:
+            if less_equal(e, element):
+                return False
+        self._elements = [e for e in self._elements if not less_equal(element, e)]
+        self._elements.append(element)
+        return True
+
+    def extend(self, elements: Iterable[Any]) -> bool:
+        changed = False
+        for e in elements:
+            changed |= self.insert(e)
+        return changed
+
+    def less_equal(self, time: Any) -> bool:
+        """True when some element is ≤ ``time`` (``time`` is at or beyond this frontier)."""
+        return any(less_equal(e, time) for e in self._elements)
+
+    def less_than(self, time: Any) -> bool:
+        """True when some element is < ``time``."""
+        return any(less_than(e, time) for e in self._elements)
+
+    def dominates(self, other: Antichain) -> bool:
+        """True when every element of ``other`` is ≥ some element of ``self``."""
+        return all(self.less_equal(t) for t in other._elements)
+
+    def elements(self) -> list[Any]:
+        return list(self._elements)
+
+    def is_empty(self) -> bool:
+        return not self._elements
+
+    def __iter__(self) -> Iterator[Any]:
+        return iter(self._elements)
+
+    def __len__(self) -> int:
+        return len(self._elements)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Antichain):
+            return NotImplemented
+        return sorted(self._elements) == sorted(other._elements)
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self._elements)))
+
+    def __repr__(self) -> str:
+        return f"Antichain({sorted(self._elements)!r})"
+
+
+class MutableAntichain:
+    """Counts per element plus the frontier of elements with positive count.
+
+    ``update_iter`` applies ``(time, diff)`` updates (counts may go transiently negative; only
+    positive counts shape the frontier) and returns the frontier's changes as ``(time, ±1)``.
+    Source: timely's ``MutableAntichain``.
+    """
+
+    __slots__ = ("_counts", "_frontier")
+
+    def __init__(self) -> None:
+        self._counts: dict[Any, int] = {}
+        self._frontier: list[Any] = []
+
+    @staticmethod
+    def new_bottom(bottom: Any) -> MutableAntichain:
+        """A mutable antichain holding ``bottom`` once."""
+        m = MutableAntichain()
+        m._counts[bottom] = 1
+        m._frontier.append(bottom)
+        return m
+
+    def frontier(self) -> list[Any]:
+        """The minimal elements with positive count (a fresh list)."""
+        return list(self._frontier)
+
+    def is_empty(self) -> bool:
+        """True when the frontier is empty."""
+        return not self._frontier
+
+    def less_equal(self, time: Any) -> bool:
+        for f in self._frontier:
+            if less_equal(f, time):
+                return True
+        return False
+
+    def less_than(self, time: Any) -> bool:
+        for f in self._frontier:
+            if less_than(f, time):
+                return True
+        return False
+
+    def count_for(self, time: Any) -> int:
+        """The accumulated count of ``time`` (not of times ≤ it)."""
+        return self._counts.get(time, 0)
+
+    def update_iter(self, updates: Iterable[tuple[Any, int]]) -> list[tuple[Any, int]]:
+        """Apply ``updates``; return the changes to the frontier as ``(time, +1 | -1)``.
+
+        Example: ``MutableAntichain.new_bottom(1).update_iter([(1, -1), (2, 7)])`` returns
+        ``[(1, -1), (2, 1)]`` and leaves the frontier ``[2]``.
+        """
+        counts = self._counts
+        frontier = self._frontier
+        rebuild = False
+        for time, diff in updates:
+            if not diff:
+                continue
+            count = counts.get(time, 0) + diff
+            if count:
+                counts[time] = count
+            else:
+                del counts[time]
+            if rebuild:
+                continue
+            if diff > 0:
+                # A newly positive time moves the frontier unless it is already dominated.
+                if count > 0 and not any(less_equal(f, time) for f in frontier):
+                    rebuild = True
+            elif count <= 0 and time in frontier:
+                # A frontier element lost its last count.
+                rebuild = True
+        return self._rebuild() if rebuild else []
+
+    def _rebuild(self) -> list[tuple[Any, int]]:
+        positive = sorted(t for t, c in self._counts.items() if c > 0)
+        new_frontier: list[Any] = []
+        for t in positive:  # sorted by a total order extending the partial order
+            if not any(less_equal(f, t) for f in new_frontier):
+                new_frontier.append(t)
+        old = self._frontier
+        self._frontier = new_frontier
+        if old == new_frontier:
+            return []
+        old_set = set(old)
+        new_set = set(new_frontier)
+        changes = [(t, -1) for t in old if t not in new_set]
+        changes.extend((t, 1) for t in new_frontier if t not in old_set)
+        return changes
+
+    def update(self, time: Any, diff: int) -> list[tuple[Any, int]]:
+        """``update_iter([(time, diff)])``."""
+        return self.update_iter(((time, diff),))
+
+    def __repr__(self) -> str:
+        return f"MutableAntichain(frontier={sorted(self._frontier)!r})"
+
+
+def frontier_changes(batch: ChangeBatch[Any], antichain: MutableAntichain) -> ChangeBatch[Any]:
+    """Apply ``batch`` to ``antichain`` and return its frontier changes as a ``ChangeBatch``."""
+    return ChangeBatch(antichain.update_iter(batch.drain()))
