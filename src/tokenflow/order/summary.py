@@ -47,26 +47,38 @@ class Increment:
 
     def followed_by(self, other: Increment) -> Increment | None:
         delta = self.delta + other.delta
-        bound = min(self.bound, other.bound)
+        # ``t`` survives both steps iff ``t + self.delta <= self.bound`` and
+        # ``t + delta <= other.bound``, i.e. ``t + delta <= min(self.bound + other.delta,
+        # other.bound)``: ``self.bound`` limits the intermediate time, not the final one.
+        bound = min(self.bound + other.delta, other.bound)
         return Increment(delta, bound) if delta <= bound else None
 
     def less_equal(self, other: Increment) -> bool:
-        return self.delta <= other.delta
+        # ``self`` never gives a later time, and is defined wherever ``other`` is (a bounded
+        # summary must not be taken as <= an unbounded one: it drops more times).
+        return self.delta <= other.delta and self.bound - self.delta >= other.bound - other.delta
 
     def less_than(self, other: Increment) -> bool:
-        return self.delta < other.delta
+        return self != other and self.less_equal(other)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Increment) and self.delta == other.delta
+        return (
+            isinstance(other, Increment)
+            and self.delta == other.delta
+            and self.bound == other.bound
+        )
 
     def __lt__(self, other: Increment) -> bool:
-        return self.delta < other.delta
+        # A total order extending ``less_equal``.
+        return (self.delta, self.delta - self.bound) < (other.delta, other.delta - other.bound)
 
     def __hash__(self) -> int:
-        return hash(("Increment", self.delta))
+        return hash(("Increment", self.delta, self.bound))
 
     def __repr__(self) -> str:
-        return f"Increment({self.delta})"
+        if self.bound == MAX_TIME:
+            return f"Increment({self.delta})"
+        return f"Increment({self.delta}, bound={self.bound})"
 
 
 class ProductSummary:

@@ -1,0 +1,9 @@
+"""Allocators moving data and progress between workers (layer 4 of DESIGN.md).
+
+An allocator gives a worker, per channel identifier, one pusher per peer and its own puller,
+reports which channels received messages (``receive``), and parks an idle worker.
+"""
+
+from tokenflow.comm.thread import ThreadAllocator, ThreadFabric
+
+__all__ = ["ThreadAllocator", "ThreadFabric"]

@@ -1,0 +1,179 @@
+"""Channels and pacts: how messages ``(time, batch)`` move from an output to an input.
+
+Source: DESIGN.md ("Data plane"); timely's ``dataflow/channels``.  A *batch* is a Python
+``list`` of records or a ``pyarrow.RecordBatch``; its size (``len``) is what progress tracking
+counts.  A *pact* (parallelization contract) says where each record of a batch goes:
+``Pipeline`` keeps it on this worker, ``Exchange`` routes it to the worker chosen by a stable
+hash of its key, ``Broadcast`` sends it to every worker.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+from tokenflow.dataflow.routing import partition_batch
+
+Message = tuple[Any, Any]
+"""``(time, batch)``."""
+
+
+class Push(Protocol):
+    def push(self, message: Any) -> None: ...
+
+
+class Pull(Protocol):
+    def pull(self) -> Any | None: ...
+
+
+class ChannelHost(Protocol):
+    """What a pact needs from the worker: identifiers, allocation and activation."""
+
+    index: int
+    peers: int
+
+    def allocate(self, identifier: int, path: tuple[int, ...]) -> tuple[list[Push], Pull]: ...
+
+    def activate(self, path: tuple[int, ...]) -> None: ...
+
+
+class LocalQueue:
+    """An in-worker FIFO; pushing activates the consuming operator."""
+
+    __slots__ = ("_queue", "_activate", "_path")
+
+    def __init__(self, activate: Callable[[tuple[int, ...]], None], path: tuple[int, ...]) -> None:
+        self._queue: deque[Any] = deque()
+        self._activate = activate
+        self._path = path
+
+    def push(self, message: Any) -> None:
+        self._queue.append(message)
+        self._activate(self._path)
+
+    def pull(self) -> Any | None:
+        return self._queue.popleft() if self._queue else None
+
+
+class Tee:
+    """Fans a stream's messages out to every connected channel.
+
+    With several consumers each gets its own shallow copy of a ``list`` batch, so one consumer
+    cannot disturb another (Arrow batches are immutable and shared).
+    """
+
+    __slots__ = ("pushers",)
+
+    def __init__(self) -> None:
+        self.pushers: list[Push] = []
+
+    def add_pusher(self, pusher: Push) -> None:
+        self.pushers.append(pusher)
+
+    def push(self, message: Message) -> None:
+        pushers = self.pushers
+        if len(pushers) == 1:
+            pushers[0].push(message)
+            return
+        time, batch = message
+        for i, pusher in enumerate(pushers):
+            if i and isinstance(batch, list):
+                pusher.push((time, list(batch)))
+            else:
+                pusher.push(message)
+
+
+class Pact(Protocol):
+    """Connects a stream to an operator input: returns ``(pusher, puller)``."""
+
+    name: str
+
+    def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]: ...
+
+
+class Pipeline:
+    """Records stay on the worker that produced them."""
+
+    name = "Pipeline"
+
+    def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
+        queue = LocalQueue(host.activate, path)
+        return queue, queue
+
+
+class ExchangePusher:
+    """Splits each batch by the route of its records and pushes each part to its worker."""
+
+    __slots__ = ("pushers", "key", "column")
+
+    def __init__(self, pushers: Sequence[Push], key: Any, column: str | None) -> None:
+        self.pushers = list(pushers)
+        self.key = key
+        self.column = column
+
+    def push(self, message: Message) -> None:
+        time, batch = message
+        pushers = self.pushers
+        if len(pushers) == 1:
+            pushers[0].push(message)
+            return
+        for worker, part in partition_batch(batch, len(pushers), self.key, self.column):
+            pushers[worker].push((time, part))
+
+
+class Exchange:
+    """Route each record to worker ``stable_hash(key(record)) % peers``.
+
+    Args:
+        key: ``record -> key`` for list batches (ints and strings hash stably across
+            processes; Python's salted ``hash()`` is never used).
+        column: for Arrow batches, the name of the key column (hashed vectorized).
+    """
+
+    name = "Exchange"
+
+    def __init__(self, key: Callable[[Any], Any] | None = None, column: str | None = None) -> None:
+        if key is None and column is None:
+            raise ValueError("Exchange needs a key function or a column name")
+        self.key = key
+        self.column = column
+
+    def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
+        pushers, puller = host.allocate(identifier, path)
+        return ExchangePusher(pushers, self.key, self.column), puller
+
+
+class BroadcastPusher:
+    __slots__ = ("pushers",)
+
+    def __init__(self, pushers: Sequence[Push]) -> None:
+        self.pushers = list(pushers)
+
+    def push(self, message: Message) -> None:
+        time, batch = message
+        for i, pusher in enumerate(self.pushers):
+            pusher.push((time, list(batch)) if i and isinstance(batch, list) else message)
+
+
+class Broadcast:
+    """Every record goes to every worker."""
+
+    name = "Broadcast"
+
+    def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
+        pushers, puller = host.allocate(identifier, path)
+        return BroadcastPusher(pushers), puller
+
+
+def as_pact(pact: Any) -> Any:
+    """Accept a pact object, ``"pipeline"``, ``"broadcast"``, or a key function (exchange)."""
+    if pact is None or pact == "pipeline":
+        return Pipeline()
+    if pact == "broadcast":
+        return Broadcast()
+    if callable(pact) and not hasattr(pact, "connect"):
+        return Exchange(pact)
+    if isinstance(pact, str):
+        raise ValueError(f"unknown pact {pact!r} (use 'pipeline', 'broadcast' or Exchange(...))")
+    return pact

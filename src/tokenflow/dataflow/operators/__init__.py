@@ -1,0 +1,1 @@
+"""Library operators, one concept a module."""

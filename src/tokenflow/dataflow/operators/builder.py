@@ -1,0 +1,399 @@
+"""The generic operator builder: any number of inputs and outputs, logic built on tokens.
+
+Source: timestamp-tokens-paper.md §4 (sessions guarded by tokens, refs valid for one
+invocation), §5 (example operator); timely's ``dataflow/operators/generic/builder_rc.rs``.
+
+Usage::
+
+    builder = OperatorBuilder("Count", scope)
+    data = builder.new_input(stream, Exchange(key))
+    out, counts = builder.new_output()
+
+    def constructor(capabilities):
+        for cap in capabilities:          # one token per output, at the minimum time
+            cap.drop()
+        def logic(frontiers):
+            for ref, batch in data:        # ref: CapabilityRef, batch: list | RecordBatch
+                out.give_batch(ref, [len(batch)])
+        return logic
+
+    builder.build(constructor)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from tokenflow.dataflow.capability import Capability, CapabilityError, CapabilityRef
+from tokenflow.dataflow.channels import Pact, Pull, Tee, as_pact
+from tokenflow.order.partial_order import less_equal
+from tokenflow.progress.antichain import Antichain, MutableAntichain
+from tokenflow.progress.change_batch import ChangeBatch
+from tokenflow.progress.location import Source, Target
+from tokenflow.progress.reachability import Connectivity
+from tokenflow.progress.shared_progress import SharedProgress
+
+if TYPE_CHECKING:
+    from tokenflow.dataflow.scope import Scope
+    from tokenflow.dataflow.stream import Stream
+
+BATCH_SIZE = 1024
+"""Records a ``Session`` buffers before pushing them as one batch."""
+
+
+class ProgressSafetyError(RuntimeError):
+    """A message reached an input whose frontier had already passed its time."""
+
+
+class OperatorInput:
+    """An operator's input port: iterate it for ``(CapabilityRef, batch)`` pairs.
+
+    ``frontier`` is the input's ``MutableAntichain``: a lower bound on the times of messages
+    that may still arrive.
+    """
+
+    __slots__ = ("_puller", "consumed", "frontier", "_internals", "_summaries", "_op", "_refs",
+                 "port")
+
+    def __init__(self, op: OperatorCore, port: int, puller: Pull) -> None:
+        self._puller = puller
+        self.consumed: ChangeBatch[Any] = ChangeBatch()
+        self.frontier = MutableAntichain()
+        self._internals = op.internal
+        self._summaries: list[Antichain] = []
+        self._op = op
+        self._refs: list[CapabilityRef] = []
+        self.port = port
+
+    def next(self) -> tuple[CapabilityRef, Any] | None:
+        """The next received message, or None when none is waiting."""
+        message = self._puller.pull()
+        if message is None:
+            return None
+        time, batch = message
+        if not self.frontier.less_equal(time):
+            raise ProgressSafetyError(
+                f"operator {self._op.name!r} input {self.port}: message at time {time!r} "
+                f"arrived after the frontier {self.frontier.frontier()!r} passed it"
+            )
+        self.consumed.update(time, len(batch))
+        ref = CapabilityRef(time, self._internals, self._summaries, self._op.name)
+        self._refs.append(ref)
+        return ref, batch
+
+    def __iter__(self) -> Iterator[tuple[CapabilityRef, Any]]:
+        while True:
+            item = self.next()
+            if item is None:
+                return
+            yield item
+
+    def for_each(self, fn: Callable[[CapabilityRef, Any], None]) -> None:
+        """Call ``fn(ref, batch)`` for every waiting message."""
+        for ref, batch in self:
+            fn(ref, batch)
+
+    def _expire(self) -> None:
+        for ref in self._refs:
+            ref._invalidate()
+        self._refs.clear()
+
+
+class Session:
+    """Sends records at one time on one output, buffering single records into batches."""
+
+    __slots__ = ("_output", "_time")
+
+    def __init__(self, output: OperatorOutput, time: Any) -> None:
+        self._output = output
+        self._time = time
+
+    @property
+    def time(self) -> Any:
+        return self._time
+
+    def give(self, record: Any) -> None:
+        """Send one record."""
+        out = self._output
+        if out._buffer_time != self._time:
+            out._flush()
+            out._buffer_time = self._time
+        out._buffer.append(record)
+        if len(out._buffer) >= BATCH_SIZE:
+            out._flush()
+
+    def give_iterator(self, records: Any) -> None:
+        """Send every record of an iterable."""
+        out = self._output
+        if out._buffer_time != self._time:
+            out._flush()
+            out._buffer_time = self._time
+        out._buffer.extend(records)
+        if len(out._buffer) >= BATCH_SIZE:
+            out._flush()
+
+    def give_batch(self, batch: Any) -> None:
+        """Send a whole batch (``list`` or ``RecordBatch``) without copying it."""
+        out = self._output
+        if out._buffer:
+            out._flush()
+        out._push(self._time, batch)
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._output._flush()
+
+
+class OperatorOutput:
+    """An operator's output port; data is sent through sessions opened with a token."""
+
+    __slots__ = ("port", "tee", "produced", "_internal", "_op", "_buffer", "_buffer_time")
+
+    def __init__(self, op: OperatorCore, port: int, tee: Tee) -> None:
+        self.port = port
+        self.tee = tee
+        self.produced: ChangeBatch[Any] = ChangeBatch()
+        self._internal = op.internal[port]
+        self._op = op
+        self._buffer: list[Any] = []
+        self._buffer_time: Any = None
+
+    def _time_for(self, cap: Capability | CapabilityRef, time: Any) -> Any:
+        if isinstance(cap, Capability):
+            if not cap.valid:
+                raise CapabilityError(
+                    f"operator {self._op.name!r} output {self.port}: session opened with a "
+                    f"dropped capability (time {cap._time!r})"
+                )
+            if cap._internal is not self._internal:
+                raise CapabilityError(
+                    f"operator {self._op.name!r} output {self.port}: session opened with a token "
+                    f"for output {cap.port} of operator {cap.operator!r}"
+                )
+            t = cap._time if time is None else time
+            if time is not None and not less_equal(cap._time, time):
+                raise CapabilityError(
+                    f"operator {self._op.name!r} output {self.port}: no token covers time "
+                    f"{time!r} (capability at {cap._time!r})"
+                )
+            return t
+        if isinstance(cap, CapabilityRef):
+            t = cap.time if time is None else time  # .time raises when the ref expired
+            if not cap.covers(self.port, t):
+                raise CapabilityError(
+                    f"operator {self._op.name!r} output {self.port}: the message at "
+                    f"{cap.time!r} gives no token for time {t!r} on this output"
+                )
+            return t
+        raise CapabilityError(
+            f"operator {self._op.name!r}: session needs a Capability or CapabilityRef, "
+            f"got {type(cap).__name__}"
+        )
+
+    def session(self, cap: Capability | CapabilityRef, time: Any = None) -> Session:
+        """A session at ``time`` (default: the token's time), checked against ``cap``.
+
+        Raises:
+            CapabilityError: when the token is dropped, expired, for another port, or does
+                not cover ``time``.
+        """
+        return Session(self, self._time_for(cap, time))
+
+    def give_batch(self, cap: Capability | CapabilityRef, batch: Any, time: Any = None) -> None:
+        """Send ``batch`` at the token's time (or ``time``) in one message."""
+        t = self._time_for(cap, time)
+        if self._buffer:
+            self._flush()
+        self._push(t, batch)
+
+    def _push(self, time: Any, batch: Any) -> None:
+        n = len(batch)
+        if n:
+            self.produced.update(time, n)
+            self.tee.push((time, batch))
+
+    def _flush(self) -> None:
+        if self._buffer:
+            batch = self._buffer
+            self._buffer = []
+            self._push(self._buffer_time, batch)
+
+
+Logic = Callable[[list[MutableAntichain]], Any]
+
+
+class OperatorCore:
+    """The ``Operate`` implementation behind every operator built with ``OperatorBuilder``."""
+
+    local = True
+
+    def __init__(self, name: str, index: int, path: tuple[int, ...], peers: int,
+                 min_time: Any, notify: bool) -> None:
+        self.name = name
+        self.index = index
+        self.path = path
+        self.peers = peers
+        self.min_time = min_time
+        self.notify = notify
+        self.inputs = 0
+        self.outputs = 0
+        self.internal: list[ChangeBatch[Any]] = []
+        self.input_ports: list[OperatorInput] = []
+        self.output_ports: list[OperatorOutput] = []
+        self.summary: Connectivity = []
+        self.shared_progress = SharedProgress(0, 0)
+        self.logic: Logic | None = None
+        self.frontiers: list[MutableAntichain] = []
+
+    def get_internal_summary(self) -> tuple[Connectivity, SharedProgress]:
+        for internal in self.shared_progress.internals:
+            internal.update(self.min_time, self.peers)
+        return self.summary, self.shared_progress
+
+    def set_external_summary(self) -> None:
+        pass
+
+    def schedule(self) -> bool:
+        sp = self.shared_progress
+        for port, changes in enumerate(sp.frontiers):
+            if changes._updates:
+                self.input_ports[port].frontier.update_iter(changes.drain())
+        assert self.logic is not None
+        try:
+            incomplete = self.logic(self.frontiers)
+        finally:
+            for out in self.output_ports:
+                out._flush()
+            for inp in self.input_ports:
+                inp._expire()
+        for port, inp in enumerate(self.input_ports):
+            inp.consumed.drain_into(sp.consumeds[port])
+        for port, internal in enumerate(self.internal):
+            internal.drain_into(sp.internals[port])
+        for port, out in enumerate(self.output_ports):
+            out.produced.drain_into(sp.produceds[port])
+        return bool(incomplete)
+
+
+class OperatorBuilder:
+    """Declares an operator's inputs and outputs, then builds it from a constructor.
+
+    Args:
+        name: the operator's name (shown in errors and progress reports).
+        scope: the scope to add it to.
+        notify: schedule the operator when an input frontier changes (default True).
+    """
+
+    def __init__(self, name: str, scope: Scope, notify: bool = True) -> None:
+        self.scope = scope
+        index = scope.allocate_child_id()
+        self.index = index
+        self.core = OperatorCore(name, index, scope.path + (index,), scope.peers,
+                                 scope.min_time, notify)
+        self._pending_connections: list[list[Antichain] | None] = []
+        self._built = False
+
+    @property
+    def name(self) -> str:
+        return self.core.name
+
+    def new_input(self, stream: Stream, pact: Pact | Any = None) -> OperatorInput:
+        """An input connected to ``stream`` with identity summaries to every output."""
+        return self.new_input_connection(stream, pact, None)
+
+    def new_input_connection(
+        self, stream: Stream, pact: Pact | Any, connection: Sequence[Any] | None
+    ) -> OperatorInput:
+        """An input with per-output summaries ``connection[o]`` (a summary, an ``Antichain``
+        of summaries, or None for "not connected"); None means identity to every output.
+        """
+        if stream.scope is not self.scope:
+            raise ValueError(
+                f"operator {self.name!r}: stream {stream.name!r} belongs to another scope "
+                "(use enter/leave to cross scopes)"
+            )
+        core = self.core
+        port = core.inputs
+        pact = as_pact(pact)
+        identifier = self.scope.new_identifier()
+        pusher, puller = pact.connect(self.scope.worker, identifier, core.path)
+        stream.connect_to(Target(self.index, port), pusher)
+        inp = OperatorInput(core, port, puller)
+        core.inputs += 1
+        core.input_ports.append(inp)
+        core.frontiers.append(inp.frontier)
+        self._pending_connections.append(
+            None if connection is None else [_as_antichain(c) for c in connection]
+        )
+        return inp
+
+    def new_output(self) -> tuple[OperatorOutput, Stream]:
+        """A new output port and the stream it produces."""
+        from tokenflow.dataflow.stream import Stream
+
+        core = self.core
+        port = core.outputs
+        core.outputs += 1
+        core.internal.append(ChangeBatch())
+        tee = Tee()
+        out = OperatorOutput(core, port, tee)
+        core.output_ports.append(out)
+        stream = Stream(Source(self.index, port), self.scope, tee, f"{self.name}.out{port}")
+        return out, stream
+
+    def build(self, constructor: Callable[[list[Capability]], Logic]) -> None:
+        """Create the operator: ``constructor(capabilities)`` returns ``logic(frontiers)``.
+
+        ``capabilities`` holds one token per output at the minimum time; ``logic`` is called at
+        each scheduling with the list of input frontiers and may return True to stay scheduled
+        (work left that no input or frontier change will trigger).
+        """
+        if self._built:
+            raise RuntimeError(f"operator {self.name!r} was already built")
+        self._built = True
+        core = self.core
+        identity = self.scope.identity
+        summary: Connectivity = []
+        for conn in self._pending_connections:
+            if conn is None:
+                row = [Antichain.from_elem(identity) for _ in range(core.outputs)]
+            else:
+                if len(conn) != core.outputs:
+                    raise ValueError(
+                        f"operator {self.name!r}: connection lists {len(conn)} outputs, "
+                        f"operator has {core.outputs}"
+                    )
+                row = conn
+            summary.append(row)
+        core.summary = summary
+        for port, inp in enumerate(core.input_ports):
+            inp._summaries = summary[port]
+        core.shared_progress = SharedProgress(core.inputs, core.outputs)
+        capabilities = [
+            Capability(self.scope.min_time, core.internal[o], o, core.name)
+            for o in range(core.outputs)
+        ]
+        for internal in core.internal:
+            internal.clear()  # the scope assumes every worker starts with one token per output
+        core.logic = constructor(capabilities)
+        self.scope.add_operator(core, self.index)
+        self.scope.worker.activate(core.path)
+
+    def activator(self) -> Callable[[], None]:
+        """A function that asks for this operator to be scheduled."""
+        worker = self.scope.worker
+        path = self.core.path
+        return lambda: worker.activate(path)
+
+
+def _as_antichain(c: Any) -> Antichain:
+    if c is None:
+        return Antichain()
+    if isinstance(c, Antichain):
+        return c
+    return Antichain.from_elem(c)
+
+

@@ -1,0 +1,40 @@
+"""``exchange`` and ``broadcast``: move records between workers without changing them.
+
+Source: timely's ``dataflow/operators/{exchange,broadcast}.rs``; DESIGN.md ("Data plane").
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from tokenflow.dataflow.channels import Broadcast, Exchange
+from tokenflow.dataflow.operators.generic import unary
+
+if TYPE_CHECKING:
+    from tokenflow.dataflow.stream import Stream
+
+
+def _forward(cap: Any, info: Any) -> Any:
+    cap.drop()
+
+    def logic(inp: Any, out: Any) -> None:
+        for ref, batch in inp:
+            out.give_batch(ref, batch)
+
+    return logic
+
+
+def exchange(
+    stream: Stream,
+    key: Callable[[Any], Any] | None = None,
+    column: str | None = None,
+    name: str = "Exchange",
+) -> Stream:
+    """Send each record to worker ``stable_hash(key(record)) % peers`` (or by Arrow ``column``)."""
+    return unary(stream, Exchange(key, column), name, _forward)
+
+
+def broadcast(stream: Stream, name: str = "Broadcast") -> Stream:
+    """Send every record to every worker."""
+    return unary(stream, Broadcast(), name, _forward)

@@ -1,0 +1,66 @@
+"""``execute``: run a worker function on W workers.
+
+Source: DESIGN.md ("Execution model"); timely's ``execute.rs``.  ``fn(worker)`` builds
+dataflows and drives their inputs; after it returns, the worker keeps stepping until its
+dataflows complete.  Returns the per-worker results in worker order.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tokenflow.comm.thread import ThreadFabric, WorkerAborted
+from tokenflow.worker import Worker
+
+R = TypeVar("R")
+
+RUNTIMES = ("thread",)
+
+
+class WorkerError(RuntimeError):
+    """A worker raised; ``worker`` is its index and ``__cause__`` the original error."""
+
+    def __init__(self, worker: int, error: BaseException) -> None:
+        super().__init__(f"worker {worker} failed: {type(error).__name__}: {error}")
+        self.worker = worker
+
+
+def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread") -> list[R]:
+    """Run ``fn`` on ``workers`` workers of the given runtime and return their results.
+
+    Raises:
+        ValueError: for an unknown runtime or fewer than one worker.
+        WorkerError: when a worker raises (the first failure; the others stop).
+    """
+    if runtime != "thread":
+        raise ValueError(f"unknown runtime {runtime!r}; available: {', '.join(RUNTIMES)}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    fabric = ThreadFabric(workers)
+    results: list[Any] = [None] * workers
+
+    def run(i: int) -> None:
+        try:
+            worker = Worker(fabric.allocator(i))
+            results[i] = fn(worker)
+            worker.step_until_done()
+        except WorkerAborted:
+            pass
+        except BaseException as exc:  # noqa: BLE001 - reported to the caller below
+            fabric.abort(i, exc)
+
+    if workers == 1:
+        run(0)
+    else:
+        threads = [threading.Thread(target=run, args=(i,), name=f"tokenflow-worker-{i}",
+                                    daemon=True) for i in range(workers)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+    if fabric.error is not None:
+        worker, error = fabric.error
+        raise WorkerError(worker, error) from error
+    return results

@@ -1,0 +1,151 @@
+"""``Worker``: builds dataflows and steps them (layer 5 of DESIGN.md).
+
+Source: timely's ``worker.rs``.  Every worker of a job builds the same dataflows in the same
+order, so channel identifiers agree across workers.  ``step()`` pulls in arrived messages,
+activates the operators they are for, schedules each dataflow (its root ``Subgraph``) and
+returns whether any dataflow is still running.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from tokenflow.dataflow.scope import Scope
+from tokenflow.order.summary import Increment
+from tokenflow.progress.broadcast import Progcaster
+from tokenflow.progress.subgraph import Subgraph, SubgraphBuilder
+
+R = TypeVar("R")
+
+
+class Activations:
+    """Paths of operators that asked to be scheduled."""
+
+    __slots__ = ("_active",)
+
+    def __init__(self) -> None:
+        self._active: set[tuple[int, ...]] = set()
+
+    def activate(self, path: tuple[int, ...]) -> None:
+        self._active.add(path)
+
+    def for_extensions(self, path: tuple[int, ...]) -> list[int]:
+        """Child indices of ``path`` to schedule; consumes requests for the direct children
+        (deeper requests stay for the child scope to consume)."""
+        n = len(path)
+        out: list[int] = []
+        done: list[tuple[int, ...]] = []
+        for p in self._active:
+            if len(p) > n and p[:n] == path:
+                out.append(p[n])
+                if len(p) == n + 1:
+                    done.append(p)
+        for p in done:
+            self._active.discard(p)
+        return out
+
+    def is_empty(self) -> bool:
+        return not self._active
+
+
+class Worker:
+    """One worker of a job.
+
+    Args:
+        allocator: the worker's allocator (``index``, ``peers``, ``allocate``, ``receive``,
+            ``flush``, ``park``).
+    """
+
+    def __init__(self, allocator: Any) -> None:
+        self.allocator = allocator
+        self.index: int = allocator.index
+        self.peers: int = allocator.peers
+        self.activations = Activations()
+        self._identifiers = 0
+        self._dataflow_count = 0
+        self._dataflows: dict[int, Subgraph] = {}
+        self._channel_paths: dict[int, tuple[int, ...]] = {}
+
+    # -- construction ----------------------------------------------------------------------
+
+    def new_identifier(self) -> int:
+        """The next channel identifier (the same sequence on every worker)."""
+        ident = self._identifiers
+        self._identifiers += 1
+        return ident
+
+    def allocate(self, identifier: int, path: tuple[int, ...]) -> tuple[list[Any], Any]:
+        """Pushers and puller of channel ``identifier``, delivering to the operator at ``path``."""
+        self._channel_paths[identifier] = path
+        return self.allocator.allocate(identifier)  # type: ignore[no-any-return]
+
+    def activate(self, path: tuple[int, ...]) -> None:
+        """Schedule the operator at ``path`` at the next step."""
+        self.activations.activate(path)
+
+    def progcaster(self, path: tuple[int, ...], name: str) -> Progcaster:
+        """A progress channel for the scope at ``path``."""
+        pushers, puller = self.allocate(self.new_identifier(), path)
+        return Progcaster(self.index, pushers, puller, name)
+
+    def dataflow(self, build: Callable[[Scope], R], name: str | None = None) -> R:
+        """Build a dataflow with integer times: ``build(scope)``'s result is returned.
+
+        Raises:
+            CycleError: when the graph has a cycle without a feedback summary.
+        """
+        index = self._dataflow_count
+        self._dataflow_count += 1
+        name = name or f"Dataflow{index}"
+        builder = SubgraphBuilder(name, (index,), Increment(0))
+        scope = Scope(self, builder, 0, Increment(0))
+        result = build(scope)
+        subgraph = builder.build(self.progcaster((index,), name), self.activations)
+        subgraph.get_internal_summary()
+        subgraph.set_external_summary()
+        self._dataflows[index] = subgraph
+        return result
+
+    # -- execution -------------------------------------------------------------------------
+
+    def step(self) -> bool:
+        """Do one round of work; True while any dataflow is running.
+
+        Raises:
+            WorkerAborted: when another worker of the job failed.
+        """
+        paths = self._channel_paths
+        for identifier in self.allocator.receive():
+            path = paths.get(identifier)
+            if path is not None:
+                self.activations.activate(path)
+        finished = []
+        for index, subgraph in self._dataflows.items():
+            if not subgraph.schedule():
+                finished.append(index)
+        for index in finished:
+            del self._dataflows[index]
+        self.allocator.flush()
+        return bool(self._dataflows)
+
+    def step_or_park(self, timeout: float = 0.01) -> bool:
+        """``step()``, then sleep up to ``timeout`` s if nothing asked to run."""
+        running = self.step()
+        if running and self.activations.is_empty():
+            self.allocator.park(timeout)
+        return running
+
+    def step_while(self, condition: Callable[[], bool]) -> None:
+        """Step until ``condition()`` is false."""
+        while condition():
+            self.step_or_park()
+
+    def step_until_done(self) -> None:
+        """Step until every dataflow of this worker has completed."""
+        while self.step_or_park():
+            pass
+
+    @property
+    def dataflows_running(self) -> int:
+        return len(self._dataflows)
