@@ -120,6 +120,7 @@ class Worker:
             path = paths.get(identifier)
             if path is not None:
                 self.activations.activate(path)
+        self.activations.for_extensions(())  # dataflows are scheduled at every step anyway
         finished = []
         for index, subgraph in self._dataflows.items():
             if not subgraph.schedule():

@@ -13,7 +13,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
-from tokenflow.dataflow.routing import partition_batch
+from tokenflow.dataflow.routing import KeyRouter, partition_batch
 
 Message = tuple[Any, Any]
 """``(time, batch)``."""
@@ -105,12 +105,13 @@ class Pipeline:
 class ExchangePusher:
     """Splits each batch by the route of its records and pushes each part to its worker."""
 
-    __slots__ = ("pushers", "key", "column")
+    __slots__ = ("pushers", "key", "column", "router")
 
     def __init__(self, pushers: Sequence[Push], key: Any, column: str | None) -> None:
         self.pushers = list(pushers)
         self.key = key
         self.column = column
+        self.router = KeyRouter(key, len(self.pushers))
 
     def push(self, message: Message) -> None:
         time, batch = message
@@ -118,7 +119,8 @@ class ExchangePusher:
         if len(pushers) == 1:
             pushers[0].push(message)
             return
-        for worker, part in partition_batch(batch, len(pushers), self.key, self.column):
+        for worker, part in partition_batch(batch, len(pushers), self.key, self.column,
+                                             self.router):
             pushers[worker].push((time, part))
 
 
@@ -127,15 +129,13 @@ class Exchange:
 
     Args:
         key: ``record -> key`` for list batches (ints and strings hash stably across
-            processes; Python's salted ``hash()`` is never used).
+            processes; Python's salted ``hash()`` is never used); None routes by the record.
         column: for Arrow batches, the name of the key column (hashed vectorized).
     """
 
     name = "Exchange"
 
     def __init__(self, key: Callable[[Any], Any] | None = None, column: str | None = None) -> None:
-        if key is None and column is None:
-            raise ValueError("Exchange needs a key function or a column name")
         self.key = key
         self.column = column
 

@@ -161,24 +161,54 @@ class MutableAntichain:
         return self._rebuild() if rebuild else []
 
     def _rebuild(self) -> list[tuple[Any, int]]:
-        positive = sorted(t for t, c in self._counts.items() if c > 0)
-        new_frontier: list[Any] = []
-        for t in positive:  # sorted by a total order extending the partial order
-            if not any(less_equal(f, t) for f in new_frontier):
-                new_frontier.append(t)
+        positive = [t for t, c in self._counts.items() if c > 0]
+        if not positive:
+            new_frontier: list[Any] = []
+        elif positive[0].__class__ is int:
+            new_frontier = [min(positive)]  # total order: a single minimum
+        else:
+            positive.sort()  # a total order extending the partial order
+            new_frontier = []
+            for t in positive:
+                if not any(less_equal(f, t) for f in new_frontier):
+                    new_frontier.append(t)
         old = self._frontier
         self._frontier = new_frontier
         if old == new_frontier:
             return []
-        old_set = set(old)
-        new_set = set(new_frontier)
-        changes = [(t, -1) for t in old if t not in new_set]
-        changes.extend((t, 1) for t in new_frontier if t not in old_set)
+        changes = [(t, -1) for t in old if t not in new_frontier]
+        changes.extend((t, 1) for t in new_frontier if t not in old)
         return changes
 
     def update(self, time: Any, diff: int) -> list[tuple[Any, int]]:
-        """``update_iter([(time, diff)])``."""
-        return self.update_iter(((time, diff),))
+        """Apply one update; same result as ``update_iter([(time, diff)])``, faster."""
+        counts = self._counts
+        old = counts.get(time, 0)
+        count = old + diff
+        if count:
+            counts[time] = count
+        else:
+            del counts[time]
+        frontier = self._frontier
+        if diff > 0:
+            if old > 0 or count <= 0:
+                return []
+            for f in frontier:
+                if less_equal(f, time):
+                    return []
+            # A new minimal element: it replaces the frontier elements it is below.
+            removed = [f for f in frontier if less_equal(time, f)]
+            if removed:
+                self._frontier = [f for f in frontier if f not in removed]
+                self._frontier.append(time)
+            else:
+                frontier.append(time)
+            changes = [(f, -1) for f in removed]
+            changes.append((time, 1))
+            return changes
+        if old > 0 and count <= 0 and time in frontier:
+            return self._rebuild()
+        return []
 
     def __repr__(self) -> str:
         return f"MutableAntichain(frontier={sorted(self._frontier)!r})"

@@ -270,7 +270,7 @@ class Tracker:
         for (loc, time), diff in changes.drain():
             per_op = self.per_operator[loc.node]
             info = per_op.sources[loc.port] if loc.is_source else per_op.targets[loc.port]
-            for t, d in info.pointstamps.update_iter(((time, diff),)):
+            for t, d in info.pointstamps.update(time, diff):
                 self.total_counts += d
                 for output, summaries in enumerate(info.output_summaries):
                     out_changes = self.output_changes[output]
@@ -299,13 +299,13 @@ class Tracker:
             node, port, is_source = loc
             if is_source:
                 info = per_operator[node].sources[port]
-                for t, d in info.implications.update_iter(((time, diff),)):
+                for t, d in info.implications.update(time, diff):
                     for target in edges[node][port]:
                         heapq.heappush(worklist, (t, target, d))
                     pushed.update((loc, t), d)
             else:
                 info = per_operator[node].targets[port]
-                for t, d in info.implications.update_iter(((time, diff),)):
+                for t, d in info.implications.update(time, diff):
                     for output, summaries in enumerate(nodes[node][port]):
                         source = Location(node, output, True)
                         for summary in summaries:
