@@ -76,8 +76,8 @@ def propagate(edges: Stream, proposals: Stream, name: str = "Propagate") -> tupl
         decreased.
     """
     builder = OperatorBuilder(name, edges.scope, notify=False)
-    edge_in = builder.new_input(edges, "pipeline")
-    label_in = builder.new_input(proposals, "pipeline")
+    edge_in = builder.new_input(edges, Exchange(_first))
+    label_in = builder.new_input(proposals, Exchange(_first))
     to_neighbours, neighbour_stream = builder.new_output()
     improved, improved_stream = builder.new_output()
 

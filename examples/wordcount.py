@@ -45,10 +45,6 @@ def load_topics() -> list[str]:
     return [topics[name] for name in sorted(topics)]
 
 
-def _word(word: str) -> str:
-    return word
-
-
 def count_words(stream: Stream, name: str = "CountWords") -> Stream:
     """Count the words of ``stream`` per time.
 
@@ -78,7 +74,7 @@ def count_words(stream: Stream, name: str = "CountWords") -> Stream:
 
         return logic
 
-    return unary_frontier(stream, Exchange(_word), name, constructor)
+    return unary_frontier(stream, Exchange(), name, constructor)  # routed by the word itself
 
 
 def run(workers: int = 2, texts: list[str] | None = None,

@@ -131,11 +131,11 @@ class Worker:
         return bool(self._dataflows)
 
     def step_or_park(self, timeout: float = 0.01) -> bool:
-        """``step()``, then sleep up to ``timeout`` s if nothing asked to run."""
-        running = self.step()
-        if running and self.activations.is_empty():
+        """Sleep up to ``timeout`` s if nothing asked to run and no message is waiting, then
+        ``step()`` (timely's order: park first, so a step's effects are seen at once)."""
+        if self.activations.is_empty():
             self.allocator.park(timeout)
-        return running
+        return self.step()
 
     def step_while(self, condition: Callable[[], bool]) -> None:
         """Step until ``condition()`` is false."""

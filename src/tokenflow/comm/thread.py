@@ -123,10 +123,10 @@ class ThreadAllocator:
         fabric = self.fabric
         cond = fabric.conditions[i]
         with cond:
-            if fabric.events[i] or fabric.error is not None:
-                return
-            fabric.parked[i] = True
+            fabric.parked[i] = True  # set before looking, so a concurrent delivery wakes us
             try:
+                if fabric.events[i] or fabric.error is not None:
+                    return
                 cond.wait(timeout)
             finally:
                 fabric.parked[i] = False
