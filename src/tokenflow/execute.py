@@ -16,7 +16,7 @@ from tokenflow.worker import Worker
 
 R = TypeVar("R")
 
-RUNTIMES = ("thread",)
+RUNTIMES = ("thread", "process", "spark")
 
 
 class WorkerError(RuntimeError):
@@ -27,17 +27,32 @@ class WorkerError(RuntimeError):
         self.worker = worker
 
 
-def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread") -> list[R]:
+def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread",
+            **options: Any) -> list[R]:
     """Run ``fn`` on ``workers`` workers of the given runtime and return their results.
+
+    Runtimes: ``thread`` (W workers in this process), ``process`` (W local processes joined by
+    the TCP mesh, see ``tokenflow.process``), ``spark`` (W PySpark barrier tasks, see
+    ``tokenflow.spark``; ``master=`` picks the cluster, default ``local[W]``).  ``options`` go
+    to the runtime.
 
     Raises:
         ValueError: for an unknown runtime or fewer than one worker.
         WorkerError: when a worker raises (the first failure; the others stop).
     """
-    if runtime != "thread":
+    if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; available: {', '.join(RUNTIMES)}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    if runtime != "thread":
+        # Runtimes above this layer are looked up by name (a plugin registry, so that the
+        # layers below never import them).
+        import importlib
+
+        module = importlib.import_module(f"tokenflow.{runtime}")
+        return module.execute_runtime(fn, workers, **options)  # type: ignore[no-any-return]
+    if options:
+        raise ValueError(f"the thread runtime takes no options, got {sorted(options)}")
     fabric = ThreadFabric(workers)
     results: list[Any] = [None] * workers
 

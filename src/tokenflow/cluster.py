@@ -1,0 +1,47 @@
+"""Running one worker of a multi-process job: mesh formation, the worker loop, shutdown.
+
+Shared by the ``process`` runtime (local processes) and the ``spark`` runtime (barrier tasks):
+both give each worker its index, the peers' addresses, the per-job secret and the user's
+function (cloudpickled), and collect its cloudpickled result.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from tokenflow.comm.tcp import Address, TcpAllocator, TcpMesh
+from tokenflow.worker import Worker
+
+
+def run_worker(
+    fn: Callable[[Worker], Any],
+    index: int,
+    peers: int,
+    listener: socket.socket,
+    addresses: list[Address],
+    secret: bytes,
+    job: str,
+    configure: Callable[[Worker], None] | None = None,
+    max_frame: int | None = None,
+) -> Any:
+    """Join the mesh as worker ``index``, run ``fn(worker)`` and step to completion.
+
+    Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh raises (``PeerLostError``
+    names a lost peer); the mesh is closed either way.
+    """
+    kwargs = {} if max_frame is None else {"max_frame": max_frame}
+    mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
+    try:
+        mesh.connect(addresses)
+        allocator = TcpAllocator(mesh)
+        worker = Worker(allocator)
+        if configure is not None:
+            configure(worker)
+        result = fn(worker)
+        worker.step_until_done()
+        allocator.shutdown()
+        return result
+    finally:
+        mesh.close()

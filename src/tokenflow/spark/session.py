@@ -1,0 +1,77 @@
+"""One SparkSession per driver process, created on first use and reused.
+
+Start-up time is recorded apart from job time (``startup_seconds``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from typing import Any
+
+_SESSION: Any = None
+_MASTER: str | None = None
+startup_seconds: float = 0.0
+"""Seconds the first ``get_session`` call spent starting Spark (0 when it was reused)."""
+
+
+def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: str) -> Any:
+    """The process's SparkSession, started on first use with ``master`` (default ``local[2]``).
+
+    Raises:
+        RuntimeError: when a session already runs with a different master.
+    """
+    global _SESSION, _MASTER, startup_seconds
+    from pyspark.sql import SparkSession
+
+    if _SESSION is not None and _SESSION.sparkContext._jsc is not None:
+        if master is not None and master != _MASTER and not _compatible(master, _MASTER):
+            raise RuntimeError(f"a SparkSession with master {_MASTER} is running; asked for {master}")
+        return _SESSION
+    master = master or "local[2]"
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+    if master.startswith("local"):
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    start = time.perf_counter()
+    builder = (
+        SparkSession.builder.master(master)
+        .appName(app_name)
+        .config("spark.ui.enabled", "false")
+        .config("spark.ui.showConsoleProgress", "false")
+        .config("spark.sql.shuffle.partitions", "8")
+        .config("spark.sql.execution.arrow.pyspark.enabled", "true")
+        .config("spark.python.worker.reuse", "true")
+        .config("spark.driver.memory", "2g")
+        .config("spark.sql.session.timeZone", "UTC")
+    )
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    _SESSION = builder.getOrCreate()
+    _SESSION.sparkContext.setLogLevel("ERROR")
+    _MASTER = master
+    startup_seconds = time.perf_counter() - start
+    return _SESSION
+
+
+def _compatible(asked: str, running: str | None) -> bool:
+    """``local[n]`` sessions can serve jobs of up to n workers."""
+    if running is None:
+        return False
+    return asked.startswith("local[") and running.startswith("local[") and \
+        _local_slots(asked) <= _local_slots(running)
+
+
+def _local_slots(master: str) -> int:
+    inner = master[len("local["):-1]
+    return os.cpu_count() or 1 if inner == "*" else int(inner)
+
+
+def stop_session() -> None:
+    """Stop the session (tests and the CLI call this at exit)."""
+    global _SESSION, _MASTER
+    if _SESSION is not None:
+        _SESSION.stop()
+    _SESSION = None
+    _MASTER = None
