@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tokenflow.comm.thread import ThreadFabric, WorkerAborted
+from tokenflow.inputs import partition_inputs
 from tokenflow.worker import Worker
 
 R = TypeVar("R")
@@ -34,7 +35,8 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     Runtimes: ``thread`` (W workers in this process), ``process`` (W local processes joined by
     the TCP mesh, see ``tokenflow.process``), ``spark`` (W PySpark barrier tasks, see
     ``tokenflow.spark``; ``master=`` picks the cluster, default ``local[W]``).  ``options`` go
-    to the runtime.
+    to the runtime; every runtime takes ``inputs={name: table}`` and ``sort_by={name: column}``
+    (see ``tokenflow.inputs``; read them with ``tokenflow.spark.from_dataframe``).
 
     Raises:
         ValueError: for an unknown runtime or fewer than one worker.
@@ -51,14 +53,16 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
 
         module = importlib.import_module(f"tokenflow.{runtime}")
         return module.execute_runtime(fn, workers, **options)  # type: ignore[no-any-return]
+    inputs = partition_inputs(options.pop("inputs", None), workers, options.pop("sort_by", None))
     if options:
-        raise ValueError(f"the thread runtime takes no options, got {sorted(options)}")
+        raise ValueError(f"the thread runtime takes no options but inputs/sort_by, got {sorted(options)}")
     fabric = ThreadFabric(workers)
     results: list[Any] = [None] * workers
 
     def run(i: int) -> None:
         try:
             worker = Worker(fabric.allocator(i))
+            worker.inputs = inputs[i]
             results[i] = fn(worker)
             worker.step_until_done()
         except WorkerAborted:

@@ -22,6 +22,7 @@ import cloudpickle
 
 from tokenflow.comm.auth import new_secret
 from tokenflow.comm.tcp import bind_listener
+from tokenflow.inputs import partition_inputs
 
 
 class WorkerProcessError(RuntimeError):
@@ -39,9 +40,13 @@ def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes
     try:
         listener = bind_listener(host, 0)
         conn.send(("address", listener.getsockname()[:2]))
-        kind, addresses = conn.recv()
+        kind, addresses, inputs = conn.recv()
         fn = cloudpickle.loads(payload)
-        result = run_worker(fn, index, peers, listener, addresses, secret, job,
+
+        def configure(worker: Any) -> None:
+            worker.inputs = inputs
+
+        result = run_worker(fn, index, peers, listener, addresses, secret, job, configure,
                             max_frame=max_frame)
         conn.send(("result", cloudpickle.dumps(result)))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver
@@ -66,6 +71,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
                     timeout: float | None = None, max_frame: int | None = None,
                     secret: bytes | None = None, job: str | None = None,
                     on_addresses: Callable[[list[tuple[str, int]], str], None] | None = None,
+                    inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
                     ) -> list[Any]:
     """Run ``fn`` on ``workers`` local processes; returns the per-worker results in order.
 
@@ -78,6 +84,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
         secret, job: the per-job secret and name (generated when omitted).
         on_addresses: called with the workers' addresses and the job name once known (tests use
             it to probe the mesh).
+        inputs, sort_by: named tables for ``from_dataframe`` (see ``tokenflow.inputs``).
 
     Raises:
         WorkerProcessError: when a worker raises or dies, naming the first one to fail.
@@ -104,8 +111,9 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
             if msg[0] != "address":
                 raise WorkerProcessError(i, f"worker {i} failed to start: {msg[1]}\n{msg[2]}")
             addresses[i] = tuple(msg[1])  # type: ignore[call-overload]
-        for conn in conns:
-            conn.send(("addresses", addresses))
+        parts = partition_inputs(inputs, workers, sort_by)
+        for conn, part in zip(conns, parts, strict=True):
+            conn.send(("addresses", addresses, part))
         if on_addresses is not None:
             on_addresses(addresses, job)  # type: ignore[arg-type]
         results: list[Any] = [None] * workers

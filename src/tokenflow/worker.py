@@ -66,6 +66,11 @@ class Worker:
         self._dataflow_count = 0
         self._dataflows: dict[int, Subgraph] = {}
         self._channel_paths: dict[int, tuple[int, ...]] = {}
+        self.inputs: dict[str, Any] = {}
+        """This worker's partition of each named job input (see ``tokenflow.inputs``)."""
+        self.on_step: list[Callable[[Worker], None]] = []
+        """Hooks called after every step (metrics reporters); keep them cheap."""
+        self.steps = 0
 
     # -- construction ----------------------------------------------------------------------
 
@@ -128,6 +133,9 @@ class Worker:
         for index in finished:
             del self._dataflows[index]
         self.allocator.flush()
+        self.steps += 1
+        for hook in self.on_step:
+            hook(self)
         return bool(self._dataflows)
 
     def step_or_park(self, timeout: float = 0.01) -> bool:
@@ -150,3 +158,22 @@ class Worker:
     @property
     def dataflows_running(self) -> int:
         return len(self._dataflows)
+
+    def frontiers(self) -> dict[str, dict[str, list[Any]]]:
+        """Per running dataflow, the input frontier of each top-level operator (by name).
+
+        An empty list means the operator will see no more data.
+        """
+        report: dict[str, dict[str, list[Any]]] = {}
+        for subgraph in self._dataflows.values():
+            ops: dict[str, list[Any]] = {}
+            for child in subgraph.children[1:]:
+                if child.inputs:
+                    frontier: list[Any] = []
+                    for port in range(child.inputs):
+                        for t in subgraph.tracker.node_state(child.index).targets[port].implications.frontier():
+                            if t not in frontier:
+                                frontier.append(t)
+                    ops[f"{child.index}:{child.name}"] = sorted(frontier)
+            report[subgraph.name] = ops
+        return report

@@ -4,6 +4,7 @@
 barrier stage; ``from_dataframe`` / ``to_parquet`` / ``collect`` connect dataflows to Spark data.
 """
 
+from tokenflow.spark.io import InputError, arrow_source, collect, from_dataframe, to_parquet
 from tokenflow.spark.runtime import execute_runtime
 
-__all__ = ["execute_runtime"]
+__all__ = ["InputError", "arrow_source", "collect", "execute_runtime", "from_dataframe", "to_parquet"]

@@ -1,0 +1,205 @@
+"""Spark data in and out: ``from_dataframe``, ``to_parquet``, ``collect``.
+
+Source: the issue "Spark runtime" (items 3–4), DESIGN.md ("Data plane": per-epoch Parquet files
+with atomic rename, so re-running an epoch overwrites instead of duplicating).  The operators
+work on Arrow batches and run on every runtime; on ``spark`` a worker's input is its Spark
+partition.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from tokenflow.dataflow.operators.capture import Capture, capture
+from tokenflow.dataflow.operators.generic import sink, source
+
+
+class InputError(ValueError):
+    """Bad input data: names the input, column, row and value."""
+
+
+def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: int) -> np.ndarray:
+    """The ``column`` of ``batch`` as int64 times (timestamps become ms since the Unix epoch).
+
+    Raises:
+        InputError: for a missing column, a non-integer type, or a null (naming the row).
+    """
+    if column not in batch.schema.names:
+        raise InputError(f"input {input_name!r}: no time column {column!r} "
+                         f"(columns: {batch.schema.names})")
+    array = batch.column(column)
+    if array.null_count:
+        row = int(pc.index(array.is_null(), True).as_py())
+        raise InputError(f"input {input_name!r}: null event time in column {column!r} at row "
+                         f"{first_row + row}")
+    kind = array.type
+    if pa.types.is_timestamp(kind):
+        array = array.cast(pa.timestamp("ms", tz=kind.tz)).cast(pa.int64())
+    elif pa.types.is_date(kind):
+        array = array.cast(pa.date64()).cast(pa.int64())
+    elif not pa.types.is_integer(kind):
+        value = array[0].as_py() if len(array) else None
+        raise InputError(f"input {input_name!r}: event time column {column!r} has type {kind}, "
+                         f"not an integer or timestamp (row {first_row}: {value!r})")
+    return array.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def arrow_source(scope: Any, batches: Iterable[pa.RecordBatch], time: str, name: str = "ArrowSource",
+                 lateness: int = 0, max_rows: int = 65536) -> Any:
+    """A stream of Arrow batches timestamped by the event-time column ``time``.
+
+    Each output message holds the rows of one time.  The input must be sorted by ``time``, or
+    out of order by at most ``lateness`` time units; the source holds a token at
+    ``max(time seen) - lateness`` (the input frontier advances as the partition is consumed)
+    and drops it at the end.  At most ``max_rows`` rows are read per activation.
+
+    Raises:
+        InputError: a null or non-integer time, or a record later than the declared lateness
+            allows (naming input, column, row and value).
+    """
+
+    def constructor(cap: Any, info: Any) -> Any:
+        it: Iterator[pa.RecordBatch] = iter(batches)
+        state = {"row": 0, "max": None}
+        pending: list[pa.RecordBatch] = []
+        token = [cap]
+
+        def next_batch() -> pa.RecordBatch | None:
+            if pending:
+                return pending.pop()
+            for batch in it:
+                if batch.num_rows > max_rows:
+                    parts = [batch.slice(o, max_rows) for o in range(0, batch.num_rows, max_rows)]
+                    pending.extend(reversed(parts[1:]))
+                    return parts[0]
+                if batch.num_rows:
+                    return batch
+            return None
+
+        def logic(output: Any) -> None:
+            cap = token[0]
+            if cap is None:
+                return
+            batch = next_batch()
+            if batch is None:
+                cap.drop()
+                token[0] = None
+                return
+            first = state["row"]
+            state["row"] = first + batch.num_rows
+            times = event_times(batch, time, name, first)
+            floor = cap.time if state["max"] is not None else None
+            if lateness == 0:
+                if len(times) > 1 and (np.diff(times) < 0).any():
+                    row = int(np.flatnonzero(np.diff(times) < 0)[0]) + 1
+                    raise InputError(
+                        f"input {name!r}: column {time!r} is not sorted at row {first + row}: "
+                        f"{times[row]} after {times[row - 1]} (declare lateness= to allow this)")
+            else:
+                order = np.argsort(times, kind="stable")
+                if (order != np.arange(len(order))).any():
+                    batch = batch.take(pa.array(order))
+                    times = times[order]
+            if floor is not None and times[0] < floor:
+                row = int(np.flatnonzero(times < floor)[0])
+                raise InputError(
+                    f"input {name!r}: row near {first + row} has {time}={int(times[row])}, "
+                    f"earlier than {floor} (more than lateness={lateness} behind the latest time)")
+            bounds = np.flatnonzero(np.diff(times)) + 1
+            starts = np.concatenate(([0], bounds))
+            ends = np.concatenate((bounds, [len(times)]))
+            for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
+                t = int(times[s])
+                if t < cap.time:  # only with lateness: still covered by the token
+                    output.give_batch(cap, batch.slice(s, e - s), time=cap.time)
+                else:
+                    output.give_batch(cap, batch.slice(s, e - s), time=t)
+            latest = int(times[-1]) if state["max"] is None else max(state["max"], int(times[-1]))
+            state["max"] = latest
+            target = latest - lateness
+            if target > cap.time:
+                cap.downgrade(target)
+            info.activate()
+
+        return logic
+
+    return source(scope, name, constructor)
+
+
+def from_dataframe(scope: Any, input: str, time: str, lateness: int = 0,
+                   max_rows: int = 65536) -> Any:
+    """The stream of this worker's partition of the job input ``input``, timed by ``time``.
+
+    Pass the DataFrame (or Arrow table) to ``execute(..., inputs={input: df},
+    sort_by={input: time})``; worker ``i`` reads partition ``i``.  Times: integer columns as
+    they are, timestamps as ms since the Unix epoch.
+
+    Raises:
+        KeyError: when the job has no input of that name.
+        InputError: see ``arrow_source``.
+    """
+    inputs = getattr(scope.worker, "inputs", None) or {}
+    if input not in inputs:
+        raise KeyError(f"job has no input {input!r} (inputs: {sorted(inputs)}); pass "
+                       f"inputs={{{input!r}: dataframe}} to execute()")
+    return arrow_source(scope, inputs[input], time, input, lateness, max_rows)
+
+
+def _as_table(batches: list[Any], columns: list[str] | None, name: str) -> pa.Table:
+    if all(isinstance(b, (pa.RecordBatch, pa.Table)) for b in batches):
+        tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in batches]
+        return pa.concat_tables(tables)
+    rows = [r for b in batches for r in b]
+    if rows and isinstance(rows[0], dict):
+        return pa.Table.from_pylist(rows)
+    if columns is None:
+        raise TypeError(f"{name}: records are {type(rows[0]).__name__}, give columns=[...] names")
+    return pa.Table.from_arrays([pa.array(list(c)) for c in zip(*rows, strict=True)], names=columns)
+
+
+def to_parquet(stream: Any, path: str | os.PathLike[str], columns: list[str] | None = None,
+               name: str = "ToParquet") -> None:
+    """Write each completed epoch as ``path/time=<t>/worker-<i>.parquet`` (atomic rename).
+
+    Batches may be Arrow batches, lists of dicts, or lists of tuples (with ``columns``).  A file
+    appears only when the input frontier has passed its epoch; re-running an epoch replaces the
+    file rather than adding a duplicate.  ``spark.read.parquet(path)`` reads the dataset, with
+    ``time`` as a partition column.
+    """
+    root = os.fspath(path)
+    worker = stream.scope.worker_index
+
+    def make() -> Any:
+        pending: dict[Any, list[Any]] = {}
+
+        def logic(inp: Any) -> None:
+            for ref, batch in inp:
+                pending.setdefault(ref.time, []).append(batch)
+            for t in sorted(pending):
+                if inp.frontier.less_equal(t):
+                    break
+                table = _as_table(pending.pop(t), columns, name)
+                directory = os.path.join(root, f"time={t}")
+                os.makedirs(directory, exist_ok=True)
+                final = os.path.join(directory, f"worker-{worker:05d}.parquet")
+                tmp = f"{final}.{uuid.uuid4().hex}.tmp"
+                pq.write_table(table, tmp)
+                os.replace(tmp, final)
+
+        return logic
+
+    sink(stream, "pipeline", name, make())
+
+
+def collect(stream: Any, name: str = "Collect") -> Capture:
+    """Keep this worker's records of ``stream`` (for small results): return the handle from the
+    worker function and read ``.records()`` / ``.by_time()`` on the driver."""
+    return capture(stream, name)
