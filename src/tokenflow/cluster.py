@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenflow.comm.tcp import Address, TcpAllocator, TcpMesh
+from tokenflow.coordinator import attach
 from tokenflow.worker import Worker
 
 
@@ -25,6 +26,7 @@ def run_worker(
     job: str,
     configure: Callable[[Worker], None] | None = None,
     max_frame: int | None = None,
+    report_to: tuple[str, int, str] | None = None,
 ) -> Any:
     """Join the mesh as worker ``index``, run ``fn(worker)`` and step to completion.
 
@@ -39,8 +41,11 @@ def run_worker(
         worker = Worker(allocator)
         if configure is not None:
             configure(worker)
+        reporter = attach(worker, report_to)
         result = fn(worker)
         worker.step_until_done()
+        if reporter is not None:
+            reporter.close(worker)
         allocator.shutdown()
         return result
     finally:

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tokenflow.comm.thread import ThreadFabric, WorkerAborted
+from tokenflow.coordinator import attach
 from tokenflow.inputs import partition_inputs
 from tokenflow.worker import Worker
 
@@ -36,7 +37,8 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     the TCP mesh, see ``tokenflow.process``), ``spark`` (W PySpark barrier tasks, see
     ``tokenflow.spark``; ``master=`` picks the cluster, default ``local[W]``).  ``options`` go
     to the runtime; every runtime takes ``inputs={name: table}`` and ``sort_by={name: column}``
-    (see ``tokenflow.inputs``; read them with ``tokenflow.spark.from_dataframe``).
+    (see ``tokenflow.inputs``; read them with ``tokenflow.spark.from_dataframe``) and
+    ``report_to=Coordinator(...).endpoint`` (workers report progress to the driver).
 
     Raises:
         ValueError: for an unknown runtime or fewer than one worker.
@@ -54,6 +56,7 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         module = importlib.import_module(f"tokenflow.{runtime}")
         return module.execute_runtime(fn, workers, **options)  # type: ignore[no-any-return]
     inputs = partition_inputs(options.pop("inputs", None), workers, options.pop("sort_by", None))
+    report_to = options.pop("report_to", None)
     if options:
         raise ValueError(f"the thread runtime takes no options but inputs/sort_by, got {sorted(options)}")
     fabric = ThreadFabric(workers)
@@ -63,8 +66,11 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         try:
             worker = Worker(fabric.allocator(i))
             worker.inputs = inputs[i]
+            reporter = attach(worker, report_to)
             results[i] = fn(worker)
             worker.step_until_done()
+            if reporter is not None:
+                reporter.close(worker)
         except WorkerAborted:
             pass
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below

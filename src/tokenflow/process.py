@@ -34,7 +34,8 @@ class WorkerProcessError(RuntimeError):
 
 
 def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes,
-                 conn: Connection, host: str, max_frame: int | None) -> None:
+                 conn: Connection, host: str, max_frame: int | None,
+                 report_to: tuple[str, int, str] | None) -> None:
     from tokenflow.cluster import run_worker
 
     try:
@@ -47,7 +48,7 @@ def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes
             worker.inputs = inputs
 
         result = run_worker(fn, index, peers, listener, addresses, secret, job, configure,
-                            max_frame=max_frame)
+                            max_frame=max_frame, report_to=report_to)
         conn.send(("result", cloudpickle.dumps(result)))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver
         try:
@@ -72,6 +73,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
                     secret: bytes | None = None, job: str | None = None,
                     on_addresses: Callable[[list[tuple[str, int]], str], None] | None = None,
                     inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
+                    report_to: tuple[str, int, str] | None = None,
                     ) -> list[Any]:
     """Run ``fn`` on ``workers`` local processes; returns the per-worker results in order.
 
@@ -85,6 +87,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
         on_addresses: called with the workers' addresses and the job name once known (tests use
             it to probe the mesh).
         inputs, sort_by: named tables for ``from_dataframe`` (see ``tokenflow.inputs``).
+        report_to: a coordinator endpoint ``(host, port, token)`` for progress reports.
 
     Raises:
         WorkerProcessError: when a worker raises or dies, naming the first one to fail.
@@ -98,7 +101,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
     for i in range(workers):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker_main, name=f"tokenflow-worker-{i}",
-                        args=(i, workers, secret, job, payload, child, host, max_frame))
+                        args=(i, workers, secret, job, payload, child, host, max_frame, report_to))
         p.start()
         child.close()
         conns.append(parent)

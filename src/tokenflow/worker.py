@@ -36,7 +36,8 @@ class Activations:
         n = len(path)
         out: list[int] = []
         done: list[tuple[int, ...]] = []
-        for p in self._active:
+        # A snapshot: a token garbage collected on another thread may activate concurrently.
+        for p in list(self._active):
             if len(p) > n and p[:n] == path:
                 out.append(p[n])
                 if len(p) == n + 1:
@@ -71,6 +72,8 @@ class Worker:
         self.on_step: list[Callable[[Worker], None]] = []
         """Hooks called after every step (metrics reporters); keep them cheap."""
         self.steps = 0
+        self.metrics: dict[str, int] = {"records_in": 0}
+        """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
 
     # -- construction ----------------------------------------------------------------------
 

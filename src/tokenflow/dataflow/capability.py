@@ -7,12 +7,14 @@ A ``Capability`` lets its holder produce data at its time (or later) on one outp
 creation and copies add ``+1`` at ``(port, time)`` in the operator's shared bookkeeping
 (``SharedProgress.internals``), ``downgrade`` moves the count to a later time, and ``drop``
 (or, as a backstop, garbage collection) subtracts it.  The system reads the bookkeeping after
-each operator invocation and broadcasts the net changes.
+each operator invocation and broadcasts the net changes; a token changed outside an invocation
+of its operator (dropped by worker code, garbage collected) asks, through its ``activate`` hook,
+for the operator to be scheduled so that the change is reported.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 from tokenflow.order.partial_order import less_equal
@@ -29,15 +31,19 @@ class Capability:
     Copy with ``copy()`` or ``delayed(t)``; release with ``drop()``.
     """
 
-    __slots__ = ("_time", "_internal", "_port", "_operator", "_valid")
+    __slots__ = ("_time", "_internal", "_port", "_operator", "_valid", "_activate")
 
-    def __init__(self, time: Any, internal: ChangeBatch[Any], port: int, operator: str) -> None:
+    def __init__(self, time: Any, internal: ChangeBatch[Any], port: int, operator: str,
+                 activate: Callable[[], None] | None = None) -> None:
         self._time = time
         self._internal = internal
         self._port = port
         self._operator = operator
+        self._activate = activate  # schedules the operator so it reports the bookkeeping
         self._valid = True
         internal.update(time, 1)
+        if activate is not None:
+            activate()
 
     @property
     def time(self) -> Any:
@@ -79,7 +85,7 @@ class Capability:
                 f"{self._operator}: cannot delay capability at {self._time!r} to {time!r} "
                 "(not later in the partial order)"
             )
-        return Capability(time, self._internal, self._port, self._operator)
+        return Capability(time, self._internal, self._port, self._operator, self._activate)
 
     def downgrade(self, time: Any) -> None:
         """Move this token to the later ``time``.
@@ -98,11 +104,13 @@ class Capability:
             self._internal.update(time, 1)
             self._internal.update(old, -1)
             self._time = time
+            if self._activate is not None:
+                self._activate()
 
     def copy(self) -> Capability:
         """Another token at the same time and port."""
         self._check()
-        return Capability(self._time, self._internal, self._port, self._operator)
+        return Capability(self._time, self._internal, self._port, self._operator, self._activate)
 
     __copy__ = copy
 
@@ -111,12 +119,13 @@ class Capability:
         if self._valid:
             self._valid = False
             self._internal.update(self._time, -1)
+            if self._activate is not None:
+                self._activate()
 
     def __del__(self) -> None:
         # Backstop: a token that is garbage collected is released, like Rust's Drop.
         if getattr(self, "_valid", False):
-            self._valid = False
-            self._internal.update(self._time, -1)
+            self.drop()
 
     def __repr__(self) -> str:
         state = "" if self._valid else ", dropped"
@@ -130,7 +139,7 @@ class CapabilityRef:
     that received it raises ``CapabilityError``.
     """
 
-    __slots__ = ("_time", "_internals", "_summaries", "_operator", "_valid")
+    __slots__ = ("_time", "_internals", "_summaries", "_operator", "_valid", "_activate")
 
     def __init__(
         self,
@@ -138,11 +147,13 @@ class CapabilityRef:
         internals: Sequence[ChangeBatch[Any]],
         summaries: Sequence[Any],
         operator: str,
+        activate: Callable[[], None] | None = None,
     ) -> None:
         self._time = time
         self._internals = internals
         self._summaries = summaries  # per output: Antichain of summaries from the input
         self._operator = operator
+        self._activate = activate  # handed to the tokens it mints
         self._valid = True
 
     @property
@@ -188,7 +199,7 @@ class CapabilityRef:
                 f"{self._operator}: a message at {self._time!r} does not allow output at "
                 f"{time!r} on output {output}"
             )
-        return Capability(time, self._internals[output], output, self._operator)
+        return Capability(time, self._internals[output], output, self._operator, self._activate)
 
     def delayed(self, time: Any) -> Capability:
         """``delayed_for_output(time, 0)``."""

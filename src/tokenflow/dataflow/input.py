@@ -25,8 +25,9 @@ class InputHandle:
     """
 
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
-                 name: str) -> None:
+                 name: str, metrics: dict[str, int] | None = None) -> None:
         self._output = output
+        self._metrics = metrics if metrics is not None else {}
         self._cap: Capability | None = capability
         self._activate = activate
         self._buffer: list[Any] = []
@@ -58,6 +59,7 @@ class InputHandle:
         self.flush()
         cap = self._live()
         self._output.give_batch(cap, batch)
+        self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
         self._activate()
 
     def flush(self) -> None:
@@ -67,6 +69,7 @@ class InputHandle:
             batch = self._buffer
             self._buffer = []
             self._output.give_batch(cap, batch)
+            self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
             self._activate()
 
     def advance_to(self, time: Any) -> None:
@@ -109,5 +112,6 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
         return lambda frontiers: False
 
     builder.build(constructor)
-    handle = InputHandle(output, holder[0], builder.activator(), name)
+    handle = InputHandle(output, holder[0], builder.activator(), name,
+                         getattr(scope.worker, "metrics", None))
     return handle, stream

@@ -182,6 +182,8 @@ class MutableAntichain:
 
     def update(self, time: Any, diff: int) -> list[tuple[Any, int]]:
         """Apply one update; same result as ``update_iter([(time, diff)])``, faster."""
+        if not diff:
+            return []
         counts = self._counts
         old = counts.get(time, 0)
         count = old + diff

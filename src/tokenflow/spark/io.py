@@ -84,6 +84,8 @@ def arrow_source(scope: Any, batches: Iterable[pa.RecordBatch], time: str, name:
                     return batch
             return None
 
+        metrics = getattr(scope.worker, "metrics", {})
+
         def logic(output: Any) -> None:
             cap = token[0]
             if cap is None:
@@ -95,6 +97,7 @@ def arrow_source(scope: Any, batches: Iterable[pa.RecordBatch], time: str, name:
                 return
             first = state["row"]
             state["row"] = first + batch.num_rows
+            metrics["records_in"] = metrics.get("records_in", 0) + batch.num_rows
             times = event_times(batch, time, name, first)
             floor = cap.time if state["max"] is not None else None
             if lateness == 0:

@@ -78,7 +78,7 @@ class OperatorInput:
                 f"arrived after the frontier {self.frontier.frontier()!r} passed it"
             )
         self.consumed.update(time, len(batch))
-        ref = CapabilityRef(time, self._internals, self._summaries, self._op.name)
+        ref = CapabilityRef(time, self._internals, self._summaries, self._op.name, self._op.wake)
         self._refs.append(ref)
         return ref, batch
 
@@ -171,7 +171,7 @@ class OperatorOutput:
             if cap._internal is not self._internal:
                 raise CapabilityError(
                     f"operator {self._op.name!r} output {self.port}: session opened with a token "
-                    f"for output {cap.port} of operator {cap.operator!r}"
+                    f"for output {cap.port} of operator {cap.operator!r} (time {cap._time!r})"
                 )
             t = cap._time if time is None else time
             if time is not None and not less_equal(cap._time, time):
@@ -247,6 +247,14 @@ class OperatorCore:
         self.shared_progress = SharedProgress(0, 0)
         self.logic: Logic | None = None
         self.frontiers: list[MutableAntichain] = []
+        self.running = False
+        self.activate: Callable[[tuple[int, ...]], None] | None = None
+
+    def wake(self) -> None:
+        """A token of this operator changed: outside an invocation, schedule the operator so
+        that it reports the change (inside one, ``schedule`` collects it anyway)."""
+        if not self.running and self.activate is not None:
+            self.activate(self.path)
 
     def get_internal_summary(self) -> tuple[Connectivity, SharedProgress]:
         for internal in self.shared_progress.internals:
@@ -262,6 +270,7 @@ class OperatorCore:
             if changes._updates:
                 self.input_ports[port].frontier.update_iter(changes.drain())
         assert self.logic is not None
+        self.running = True
         try:
             incomplete = self.logic(self.frontiers)
         finally:
@@ -269,6 +278,7 @@ class OperatorCore:
                 out._flush()
             for inp in self.input_ports:
                 inp._expire()
+            self.running = False
         for port, inp in enumerate(self.input_ports):
             inp.consumed.drain_into(sp.consumeds[port])
         for port, internal in enumerate(self.internal):
@@ -373,12 +383,13 @@ class OperatorBuilder:
             inp._summaries = summary[port]
         core.shared_progress = SharedProgress(core.inputs, core.outputs)
         capabilities = [
-            Capability(self.scope.min_time, core.internal[o], o, core.name)
+            Capability(self.scope.min_time, core.internal[o], o, core.name, core.wake)
             for o in range(core.outputs)
         ]
         for internal in core.internal:
             internal.clear()  # the scope assumes every worker starts with one token per output
         core.logic = constructor(capabilities)
+        core.activate = self.scope.worker.activate
         self.scope.add_operator(core, self.index)
         self.scope.worker.activate(core.path)
 

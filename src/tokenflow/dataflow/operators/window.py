@@ -113,7 +113,7 @@ def _windowed(stream: Stream, size: int, slide: int, reduce: Reduce, name: str) 
             for ref, batch in input:
                 t = check_int_time(ref.time, name)
                 records = rows(batch)
-                start = t - t % slide + slide  # the last window containing t
+                start = t - t % slide  # the last window containing t
                 while start > t - size:
                     end = start + size
                     window = windows.get(end)
