@@ -173,8 +173,9 @@ class Worker:
             for child in subgraph.children[1:]:
                 if child.inputs:
                     frontier: list[Any] = []
+                    state = subgraph.tracker.node_state(child.index)
                     for port in range(child.inputs):
-                        for t in subgraph.tracker.node_state(child.index).targets[port].implications.frontier():
+                        for t in state.targets[port].implications.frontier():
                             if t not in frontier:
                                 frontier.append(t)
                     ops[f"{child.index}:{child.name}"] = sorted(frontier)

@@ -61,7 +61,7 @@ def encode_control(kind: int, payload: bytes = b"", channel: int = 0) -> bytes:
     return HEADER.pack(MAGIC, kind, 0, channel, len(payload)) + payload
 
 
-def decode_message(kind: int, payload: bytes | memoryview) -> Any:
+def decode_message(kind: int, payload: bytes | bytearray | memoryview) -> Any:
     """The message carried by a data frame's payload.
 
     Raises:

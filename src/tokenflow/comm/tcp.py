@@ -286,7 +286,7 @@ class TcpMesh:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Say goodbye to every peer, wait for theirs, and close all sockets."""
-        for j, sock in list(self.sockets.items()):
+        for _j, sock in list(self.sockets.items()):
             try:
                 sock.sendall(encode_control(KIND_GOODBYE))
             except OSError:

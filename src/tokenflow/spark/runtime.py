@@ -85,10 +85,11 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
     return task
 
 
-def _input_frame(spark: Any, inputs: dict[str, Any], workers: int, sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
+def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
+                 sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
     """One DataFrame with all inputs, columns prefixed per input and a tag column, split into
     ``workers`` partitions and sorted by each input's time column within partitions."""
-    from pyspark.sql import functions as F
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     frames = []
     layout: list[tuple[str, list[str]]] = []
