@@ -2,16 +2,17 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
 .PHONY: demo test bench lint venv clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	$(PY) -m venv $(VENV)
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e ".[dev]"
+	rm -f $(VENV)/.installed-*
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -19,10 +20,10 @@ demo: $(STAMP)
 	$(BIN)/python examples/connected_components.py --workers 2
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -q tests examples
+	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/core.py
+	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks

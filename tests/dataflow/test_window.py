@@ -18,7 +18,7 @@ from tokenflow import WorkerError, execute
 from tokenflow.dataflow.operators.generic import unary
 from tokenflow.dataflow.operators.window import sliding, tumbling
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(30)
 
 # Epoch starts: gaps of several windows (e.g. 12 -> 30, 32 -> 58 -> 90) make the frontier jump.
 EPOCHS = [0, 3, 4, 11, 12, 30, 31, 32, 58, 90]

@@ -157,9 +157,17 @@ class BroadcastPusher:
 
 
 class Broadcast:
-    """Every record goes to every worker."""
+    """Every record goes to every worker.
+
+    Each record sent arrives ``peers`` times in total, which ``copies`` tells progress
+    tracking (the edge's weight).
+    """
 
     name = "Broadcast"
+
+    @staticmethod
+    def copies(peers: int) -> int:
+        return peers
 
     def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
         pushers, puller = host.allocate(identifier, path)

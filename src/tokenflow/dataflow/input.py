@@ -49,7 +49,13 @@ class InputHandle:
         return self._cap is None
 
     def send(self, record: Any) -> None:
-        """Send one record at the current epoch (buffered into batches)."""
+        """Send one record at the current epoch (buffered into batches).
+
+        Raises:
+            CapabilityError: after ``close()``.
+        """
+        if self._cap is None:
+            raise CapabilityError(f"input {self.name!r} is closed: cannot send {record!r}")
         self._buffer.append(record)
         if len(self._buffer) >= BATCH_SIZE:
             self.flush()

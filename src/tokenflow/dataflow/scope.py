@@ -74,8 +74,8 @@ class Scope:
     def new_identifier(self) -> int:
         return int(self.worker.new_identifier())
 
-    def connect(self, source: Location, target: Location) -> None:
-        self.builder.connect(source, target)
+    def connect(self, source: Location, target: Location, weight: int = 1) -> None:
+        self.builder.connect(source, target, weight)
 
     # -- conveniences ----------------------------------------------------------------------
 

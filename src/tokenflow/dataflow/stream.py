@@ -30,9 +30,13 @@ class Stream:
         self.tee = tee
         self.name = name
 
-    def connect_to(self, target: Location, pusher: Push) -> None:
-        """Add the edge to ``target`` and deliver this stream's messages to ``pusher``."""
-        self.scope.connect(self.source, target)
+    def connect_to(self, target: Location, pusher: Push, weight: int = 1) -> None:
+        """Add the edge to ``target`` and deliver this stream's messages to ``pusher``.
+
+        ``weight``: copies of each record the channel delivers across workers (the number of
+        workers for a broadcast channel), so progress tracking counts every copy.
+        """
+        self.scope.connect(self.source, target, weight)
         self.tee.add_pusher(pusher)
 
     def __repr__(self) -> str:

@@ -44,6 +44,7 @@ class PerOperatorState:
         "outputs",
         "operator",
         "edges",
+        "weights",
         "shared_progress",
         "internal_summary",
     )
@@ -54,6 +55,9 @@ class PerOperatorState:
         self.inputs = inputs
         self.outputs = outputs
         self.edges: list[list[Location]] = [[] for _ in range(outputs)]
+        # Per edge, how many copies of each produced record it delivers in total across
+        # workers (``peers`` for a broadcast channel, else 1).
+        self.weights: list[list[int]] = [[] for _ in range(outputs)]
         if operator is None:
             self.name = "External"
             self.local = False
@@ -99,9 +103,10 @@ class PerOperatorState:
         for port, produced in enumerate(sp.produceds):
             if produced._updates:
                 targets = self.edges[port]
+                weights = self.weights[port]
                 for time, delta in produced.drain():
-                    for target in targets:
-                        pointstamps.update((target, time), delta)
+                    for target, weight in zip(targets, weights, strict=True):
+                        pointstamps.update((target, time), delta * weight)
                         heapq.heappush(temp_active, target.node)
 
 
@@ -134,7 +139,7 @@ class SubgraphBuilder:
         self.summarize = summarize
         self.children: list[PerOperatorState | None] = [None]
         self.child_count = 1
-        self.edge_stash: list[tuple[Location, Location]] = []
+        self.edge_stash: list[tuple[Location, Location, int]] = []
         self.input_messages: list[ChangeBatch[Any]] = []
         self.output_capabilities: list[MutableAntichain] = []
 
@@ -149,9 +154,10 @@ class SubgraphBuilder:
         """Install ``operator`` at the reserved ``index``."""
         self.children[index] = PerOperatorState(operator, index, operator.inputs, operator.outputs)
 
-    def connect(self, source: Location, target: Location) -> None:
-        """Record the edge ``source → target``."""
-        self.edge_stash.append((source, target))
+    def connect(self, source: Location, target: Location, weight: int = 1) -> None:
+        """Record the edge ``source → target``; ``weight`` is the number of copies of each
+        record the edge's channel delivers across workers (``peers`` for broadcast)."""
+        self.edge_stash.append((source, target, weight))
 
     def new_input(self) -> tuple[int, ChangeBatch[Any]]:
         """A new scope input; returns its index and the counter the ingress pusher writes."""
@@ -187,11 +193,12 @@ class SubgraphBuilder:
             if index:
                 builder.add_node(index, child.inputs, child.outputs, child.internal_summary,
                                  name=child.name)
-        for source, target in self.edge_stash:
+        for source, target, weight in self.edge_stash:
             builder.add_edge(source, target)
             child = self.children[source.node]
             assert child is not None
             child.edges[source.port].append(target)
+            child.weights[source.port].append(weight)
         tracker, scope_summary = builder.build()
         return Subgraph(self, tracker, scope_summary, progcaster, activations)
 
@@ -313,9 +320,10 @@ class Subgraph:
             if counter._updates:
                 source = Source(0, port)
                 targets = self.children[0].edges[port]
+                weights = self.children[0].weights[port]
                 for time, delta in counter.drain():
-                    for target in targets:
-                        self.local_pointstamp.update((target, time), delta)
+                    for target, weight in zip(targets, weights, strict=True):
+                        self.local_pointstamp.update((target, time), delta * weight)
                     self.local_pointstamp.update((source, time), -delta)
 
     def propagate_pointstamps(self) -> None:

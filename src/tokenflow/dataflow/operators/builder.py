@@ -330,7 +330,9 @@ class OperatorBuilder:
         pact = as_pact(pact)
         identifier = self.scope.new_identifier()
         pusher, puller = pact.connect(self.scope.worker, identifier, core.path)
-        stream.connect_to(Target(self.index, port), pusher)
+        copies = getattr(pact, "copies", None)
+        weight = copies(self.scope.peers) if copies is not None else 1
+        stream.connect_to(Target(self.index, port), pusher, weight)
         inp = OperatorInput(core, port, puller)
         core.inputs += 1
         core.input_ports.append(inp)

@@ -1,0 +1,331 @@
+"""The ``tokenflow`` command: run a worker function on W workers and watch its progress.
+
+Usage::
+
+    tokenflow run MODULE:FUNCTION --workers 2 --runtime thread|process|spark [--master URL] [--quiet]
+    tokenflow --version
+
+``MODULE`` is a dotted module name, imported with the current directory first on ``sys.path``,
+or a path to a ``.py`` file; ``FUNCTION(worker)`` is the worker function given to
+``tokenflow.execute``.  User code (a file path, or a module under the current directory) is
+pickled by value, so process and Spark workers need not be able to import it.
+
+While the job runs, a table refreshed 4 times a second (on stderr) shows what each worker last
+reported to the driver's ``Coordinator`` (workers report at most every 0.25 s):
+
+* ``steps``: ``Worker.step`` calls so far;
+* ``records in``: records that entered the worker's dataflows through its inputs;
+* ``records/s``: records in / the worker's elapsed seconds (mean rate since it started);
+* ``frontier``: the least time in the input frontiers of the operators of the worker's running
+  dataflows (``-``: no operator can receive more data);
+* ``done``: whether all of the worker's dataflows have completed.
+
+At the end it prints (on stdout) the job's wall time in seconds, the total records in and
+records/s (total / wall time), then each worker's result as a truncated ``repr``.  On ``spark``,
+the seconds spent starting the Spark session are printed apart and not counted in the job's
+time.
+
+Exit codes: 0 success; 1 a worker (named in the one-line message) or the runtime failed;
+2 bad usage, including a ``MODULE:FUNCTION`` that cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import os
+import re
+import socket
+import sys
+import threading
+import time
+from collections.abc import Callable
+from enum import Enum
+from functools import reduce
+from pathlib import Path
+from types import ModuleType
+from typing import Annotated, Any, NoReturn
+
+import cloudpickle
+import typer
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from tokenflow import __version__
+from tokenflow.coordinator import Coordinator
+from tokenflow.execute import WorkerError, execute
+
+REFRESH_PER_SECOND = 4
+"""Live table refreshes per second."""
+RESULT_CHARS = 200
+"""Characters of each worker's result ``repr`` printed at the end."""
+FINAL_REPORT_WAIT = 2.0
+"""Seconds to wait, after the job returns, for every worker's last report to be read."""
+
+app = typer.Typer(add_completion=False, no_args_is_help=True,
+                  help="Run tokenflow (timely dataflow) jobs.")
+
+
+class Runtime(str, Enum):
+    thread = "thread"
+    process = "process"
+    spark = "spark"
+
+
+class TargetError(Exception):
+    """``MODULE:FUNCTION`` cannot be loaded (exit code 2)."""
+
+
+def load_target(target: str) -> Callable[..., Any]:
+    """The function named by ``MODULE:FUNCTION`` (``FUNCTION`` may be dotted: ``Class.method``).
+
+    Raises:
+        TargetError: with a one-line reason.
+    """
+    module_name, sep, attr = target.rpartition(":")
+    if not sep or not module_name or not attr:
+        raise TargetError(f"expected MODULE:FUNCTION, got {target!r}")
+    path = Path(module_name)
+    if module_name.endswith(".py") or os.sep in module_name:
+        module = _load_file(path)
+        by_value = True
+    else:
+        cwd = os.getcwd()
+        if cwd not in sys.path:
+            sys.path.insert(0, cwd)
+        try:
+            module = importlib.import_module(module_name)
+        except ModuleNotFoundError as exc:
+            if exc.name is not None and (module_name + ".").startswith(exc.name + "."):
+                raise TargetError(f"no module named {module_name!r} (searched the current "
+                                  f"directory and sys.path)") from exc
+            raise TargetError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        except Exception as exc:
+            raise TargetError(f"cannot import {module_name!r}: {type(exc).__name__}: {exc}") from exc
+        file = getattr(module, "__file__", None)
+        by_value = file is not None and Path(file).resolve().is_relative_to(cwd)
+    try:
+        fn = reduce(getattr, attr.split("."), module)
+    except AttributeError:
+        raise TargetError(f"module {module_name!r} has no attribute {attr!r}") from None
+    if not callable(fn):
+        raise TargetError(f"{target} is not callable (it is a {type(fn).__name__})")
+    if by_value:
+        cloudpickle.register_pickle_by_value(module)
+    return fn  # type: ignore[no-any-return]
+
+
+def _load_file(path: Path) -> ModuleType:
+    if not path.is_file():
+        raise TargetError(f"no such file: {str(path)!r}")
+    name = "tokenflow_job_" + re.sub(r"\W", "_", path.stem)
+    spec = importlib.util.spec_from_file_location(name, path)
+    if spec is None or spec.loader is None:
+        raise TargetError(f"cannot import {str(path)!r}: not a Python module")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[name]
+        raise TargetError(f"cannot import {str(path)!r}: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def least_frontier(frontiers: dict[str, dict[str, list[str]]]) -> str:
+    """The least time over every operator's input frontier in a report, ``-`` when there is none.
+
+    Top-level dataflow times are integers; other times are shown as reported (up to three).
+    """
+    times = {t for ops in frontiers.values() for frontier in ops.values() for t in frontier}
+    if not times:
+        return "-"
+    try:
+        return str(min(int(t) for t in times))
+    except ValueError:
+        return ", ".join(sorted(times)[:3])
+
+
+def progress_table(snapshot: dict[int, dict[str, Any]], workers: int, title: str) -> Table:
+    """One row per worker from the coordinator's ``snapshot`` (see the module docstring)."""
+    table = Table(title=title, title_justify="left")
+    table.add_column("worker", justify="right")
+    for name in ("steps", "records in", "records/s"):
+        table.add_column(name, justify="right")
+    table.add_column("frontier", justify="right")
+    table.add_column("done")
+    for i in range(workers):
+        report = snapshot.get(i)
+        if report is None:
+            table.add_row(str(i), "-", "-", "-", "-", "waiting")
+            continue
+        records, elapsed = int(report.get("records_in", 0)), float(report.get("elapsed", 0.0))
+        rate = f"{records / elapsed:,.0f}" if elapsed > 0 else "-"
+        table.add_row(str(i), f"{report.get('steps', 0):,}", f"{records:,}", rate,
+                      least_frontier(report.get("frontiers", {})),
+                      "yes" if report.get("done") else "no")
+    return table
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"tokenflow {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                                help="Print the version and exit.")] = False,
+          ) -> None:
+    """Run tokenflow (timely dataflow) jobs."""
+
+
+@app.command()
+def run(
+    target: Annotated[str, typer.Argument(metavar="MODULE:FUNCTION",
+                                          help="Worker function: dotted module or .py path, colon, name.")],
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Number of workers.")] = 2,
+    runtime: Annotated[Runtime, typer.Option("--runtime", "-r", help="Where workers run.")] = Runtime.thread,
+    master: Annotated[str | None, typer.Option(help="Spark master URL (spark only; default local[W]).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress table.")] = False,
+) -> None:
+    """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
+    err = Console(stderr=True, highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+    if master is not None and runtime is not Runtime.spark:
+        _fail("--master applies to --runtime spark only", 2)
+    try:
+        fn = load_target(target)
+    except TargetError as exc:
+        _fail(f"bad MODULE:FUNCTION: {exc}", 2)
+    options: dict[str, Any] = {}
+    startup: float | None = None
+    if runtime is Runtime.spark:
+        master = master or f"local[{workers}]"
+        options["master"] = master
+        startup = _start_spark(master, err, quiet)
+    coordinator = Coordinator(host="127.0.0.1" if _local(runtime, master) else "0.0.0.0")
+    endpoint = coordinator.endpoint
+    if not _local(runtime, master):
+        endpoint = (os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname()),
+                    endpoint[1], endpoint[2])
+    options["report_to"] = endpoint
+    try:
+        outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
+    finally:
+        coordinator.close()
+        if runtime is Runtime.spark:
+            from tokenflow.spark.session import stop_session
+
+            stop_session()
+    error = outcome.get("error")
+    if isinstance(error, WorkerError):
+        _fail(worker_error_line(error), 1)
+    if error is not None:
+        _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1)
+    _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
+
+
+def worker_error_line(error: WorkerError) -> str:
+    """The first line of a ``WorkerError``, or of its cause when that already names the worker
+    (the process runtime wraps a ``worker N failed: ...`` error)."""
+    line = str(error).splitlines()[0]
+    cause = str(error.__cause__ or "").splitlines()
+    if cause and cause[0].startswith(f"worker {error.worker} "):
+        return cause[0]
+    return line
+
+
+def _local(runtime: Runtime, master: str | None) -> bool:
+    return runtime is not Runtime.spark or master is None or master.startswith("local")
+
+
+def _start_spark(master: str, err: Console, quiet: bool) -> float:
+    """Start the Spark session before the job; returns its start-up seconds."""
+    from tokenflow.spark.session import get_session
+
+    if not quiet:
+        err.print(f"starting Spark ({master}) ...")
+    start = time.perf_counter()
+    try:
+        get_session(master)
+    except Exception as exc:
+        _fail(f"cannot start Spark ({master}): {type(exc).__name__}: {str(exc).splitlines()[0]}", 1)
+    return time.perf_counter() - start
+
+
+def _run_with_progress(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
+                       coordinator: Coordinator, err: Console, quiet: bool) -> dict[str, Any]:
+    """Run ``execute`` in a background thread; ``{"results" or "error", "seconds"}``."""
+    outcome: dict[str, Any] = {}
+
+    def job() -> None:
+        start = time.perf_counter()
+        try:
+            outcome["results"] = execute(fn, workers, runtime, **options)
+        except BaseException as exc:  # noqa: BLE001 - reported by the caller
+            outcome["error"] = exc
+        outcome["seconds"] = time.perf_counter() - start
+
+    thread = threading.Thread(target=job, name="tokenflow-cli-job", daemon=True)
+    started = time.perf_counter()
+
+    def render() -> Table:
+        return progress_table(coordinator.snapshot(), workers,
+                              f"{runtime}, {workers} workers, {time.perf_counter() - started:.1f} s")
+
+    live = None if quiet else Live(render(), console=err, refresh_per_second=REFRESH_PER_SECOND,
+                                   get_renderable=render)
+    thread.start()
+    if live is not None:
+        live.start()
+    try:
+        while thread.is_alive():
+            thread.join(1 / REFRESH_PER_SECOND)
+        if "error" not in outcome:  # let every worker's last report arrive
+            deadline = time.monotonic() + FINAL_REPORT_WAIT
+            while time.monotonic() < deadline and not _all_done(coordinator.snapshot(), workers):
+                time.sleep(0.02)
+    finally:
+        if live is not None:
+            live.stop()
+    return outcome
+
+
+def _all_done(snapshot: dict[int, dict[str, Any]], workers: int) -> bool:
+    return all(snapshot.get(i, {}).get("done") for i in range(workers))
+
+
+def _summary(out: Console, outcome: dict[str, Any], snapshot: dict[int, dict[str, Any]],
+             workers: int, runtime: str, startup: float | None, master: str | None) -> None:
+    """Wall time (s), total records in, records/s, and each worker's result."""
+    seconds = outcome["seconds"]
+    if startup is not None:
+        out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
+    total = sum(int(r.get("records_in", 0)) for r in snapshot.values())
+    rate = f"{total / seconds:,.0f}" if seconds > 0 else "-"
+    missing = workers - len(snapshot)
+    note = f" (no report from {missing} of {workers} workers)" if missing else ""
+    out.print(f"{runtime}, {workers} workers: {seconds:.3f} s wall, {total:,} records in, "
+              f"{rate} records/s{note}")
+    for i, result in enumerate(outcome["results"]):
+        text = repr(result)
+        if len(text) > RESULT_CHARS:
+            text = text[:RESULT_CHARS - 1] + "…"
+        out.print(Text(f"worker {i}: {text}"))
+
+
+def _fail(message: str, code: int) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def main() -> None:
+    """Entry point of the ``tokenflow`` script."""
+    app()
+
+
+if __name__ == "__main__":
+    main()
