@@ -121,6 +121,35 @@ class Stream:
 
         return branch(self, predicate, name)
 
+    def tumbling(self, size: int, reduce: Callable[[int, int, list[Any]], Iterable[Any]],
+                 name: str = "Tumbling") -> Stream:
+        from tokenflow.dataflow.operators.window import tumbling
+
+        return tumbling(self, size, reduce, name)
+
+    def sliding(self, size: int, slide: int, reduce: Callable[[int, int, list[Any]], Iterable[Any]],
+                name: str = "Sliding") -> Stream:
+        from tokenflow.dataflow.operators.window import sliding
+
+        return sliding(self, size, slide, reduce, name)
+
+    def assign_watermarks(self, name: str = "AssignWatermarks") -> Stream:
+        from tokenflow.dataflow.operators.watermark import assign_watermarks
+
+        return assign_watermarks(self, name)
+
+    def tumbling_watermark(self, size: int, reduce: Callable[[int, int, list[Any]], Iterable[Any]],
+                           key: Callable[[Any], Any] | None = None,
+                           name: str = "TumblingWatermark") -> Stream:
+        from tokenflow.dataflow.operators.watermark import tumbling_watermark
+
+        return tumbling_watermark(self, size, reduce, key, name)
+
+    def strip_watermarks(self, name: str = "StripWatermarks") -> Stream:
+        from tokenflow.dataflow.operators.watermark import strip_watermarks
+
+        return strip_watermarks(self, name)
+
     def enter(self, inner: Scope) -> Stream:
         from tokenflow.dataflow.operators.iterate import enter
 
