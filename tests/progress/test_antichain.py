@@ -185,6 +185,18 @@ def test_mutable_antichain_transient_negative_counts():
     assert m.count_for(Product(1, 1)) == 0
 
 
+def test_mutable_antichain_zero_diff_is_a_no_op():
+    m = MutableAntichain()
+    assert m.update(5, 0) == []
+    assert m.update_iter([(5, 0)]) == []
+    assert m.count_for(5) == 0
+    m.update(3, 1)
+    assert m.update(3, 0) == []
+    assert m.update(7, 0) == []
+    assert m.frontier() == [3]
+    assert m.count_for(3) == 1
+
+
 def test_mutable_antichain_counts_multiplicity():
     m = MutableAntichain()
     assert m.update(5, 2) == [(5, 1)]
@@ -241,12 +253,20 @@ updates_int = st.lists(
 )
 
 
-def _check_mutable_antichain(batches, probes):
+def _check_mutable_antichain(batches, probes, one_at_a_time):
     m = MutableAntichain()
     counts: dict = {}
     old = []
     for batch in batches:
-        changes = m.update_iter(batch)
+        if one_at_a_time:
+            # ``update`` must agree with ``update_iter``: the net changes over the batch.
+            net: dict = {}
+            for t, d in batch:
+                for ft, fd in m.update(t, d):
+                    net[ft] = net.get(ft, 0) + fd
+            changes = [(t, d) for t, d in net.items() if d]
+        else:
+            changes = m.update_iter(batch)
         for t, d in batch:
             counts[t] = counts.get(t, 0) + d
         new = minimal(t for t, c in counts.items() if c > 0)
@@ -265,12 +285,12 @@ def _check_mutable_antichain(batches, probes):
 
 
 @settings()
-@given(updates_product, st.lists(product_times, max_size=3))
-def test_mutable_antichain_matches_model_product(batches, probes):
-    _check_mutable_antichain(batches, probes)
+@given(updates_product, st.lists(product_times, max_size=3), st.booleans())
+def test_mutable_antichain_matches_model_product(batches, probes, one_at_a_time):
+    _check_mutable_antichain(batches, probes, one_at_a_time)
 
 
 @settings()
-@given(updates_int, st.lists(int_times, max_size=3))
-def test_mutable_antichain_matches_model_int(batches, probes):
-    _check_mutable_antichain(batches, probes)
+@given(updates_int, st.lists(int_times, max_size=3), st.booleans())
+def test_mutable_antichain_matches_model_int(batches, probes, one_at_a_time):
+    _check_mutable_antichain(batches, probes, one_at_a_time)
