@@ -40,7 +40,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from enum import Enum
+from enum import StrEnum
 from functools import reduce
 from pathlib import Path
 from types import ModuleType
@@ -68,7 +68,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="Run tokenflow (timely dataflow) jobs.")
 
 
-class Runtime(str, Enum):
+class Runtime(StrEnum):
     thread = "thread"
     process = "process"
     spark = "spark"
@@ -188,7 +188,8 @@ def run(
                                           help="Worker function: dotted module or .py path, colon, name.")],
     workers: Annotated[int, typer.Option("--workers", "-w", min=1, help="Number of workers.")] = 2,
     runtime: Annotated[Runtime, typer.Option("--runtime", "-r", help="Where workers run.")] = Runtime.thread,
-    master: Annotated[str | None, typer.Option(help="Spark master URL (spark only; default local[W]).")] = None,
+    master: Annotated[str | None, typer.Option(help="Spark master URL (spark only; default local[W]).")
+                      ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress table.")] = False,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
@@ -214,6 +215,8 @@ def run(
     options["report_to"] = endpoint
     try:
         outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
     finally:
         coordinator.close()
         if runtime is Runtime.spark:

@@ -24,8 +24,8 @@ RUNTIMES = ("thread", "process", "spark")
 class WorkerError(RuntimeError):
     """A worker raised; ``worker`` is its index and ``__cause__`` the original error."""
 
-    def __init__(self, worker: int, error: BaseException) -> None:
-        super().__init__(f"worker {worker} failed: {type(error).__name__}: {error}")
+    def __init__(self, worker: int, error: BaseException, message: str | None = None) -> None:
+        super().__init__(message or f"worker {worker} failed: {type(error).__name__}: {error}")
         self.worker = worker
 
 

@@ -52,11 +52,25 @@ def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes
         conn.send(("result", cloudpickle.dumps(result)))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver
         try:
-            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc()))
+            conn.send(("error", f"{type(exc).__name__}: {exc}", traceback.format_exc(),
+                       _is_consequence(exc)))
         except Exception:  # pragma: no cover - the driver is gone
             pass
     finally:
         conn.close()
+
+
+FAILURE_GRACE = 2.0
+"""Seconds the driver waits for the root cause after a worker reports a lost peer."""
+
+
+def _is_consequence(exc: BaseException) -> bool:
+    """True for a worker failing only because a peer went away (its connection closed or
+    reset): the peer's own report or death is the root cause to name.  A peer refused for
+    sending an oversized or malformed frame is a root cause itself."""
+    from tokenflow.comm.tcp import PeerLostError
+
+    return isinstance(exc, PeerLostError) and "refused a frame" not in str(exc)
 
 
 def _describe_exit(code: int | None) -> str:
@@ -122,10 +136,19 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
         results: list[Any] = [None] * workers
         pending = {conn: i for i, conn in enumerate(conns)}
         sentinels = {p.sentinel: i for i, p in enumerate(procs)}
+        # A worker that lost a peer reports it at about the time the peer reports its own
+        # failure (or dies): wait a little for the root cause before naming anyone.
+        deferred: tuple[int, Any] | None = None
+        grace_end = 0.0
         while pending:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            now = time.monotonic()
+            if deferred is not None and now >= grace_end:
+                _raise_first(procs, *deferred)
+            left = None if deadline is None else max(0.0, deadline - now)
             if left == 0.0:
                 raise WorkerProcessError(-1, f"job {job} timed out after {timeout} s")
+            if deferred is not None:
+                left = grace_end - now if left is None else min(left, grace_end - now)
             ready = wait(list(pending) + list(sentinels), timeout=left)
             died: list[int] = []
             for r in ready:
@@ -140,6 +163,9 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
                     del pending[r]
                     if msg[0] == "result":
                         results[i] = cloudpickle.loads(msg[1])
+                    elif len(msg) > 3 and msg[3] and pending:
+                        if deferred is None:
+                            deferred, grace_end = (i, msg), time.monotonic() + FAILURE_GRACE
                     else:
                         _raise_first(procs, i, msg)
                 elif r in sentinels:
@@ -150,6 +176,8 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
             for i in died:
                 procs[i].join(1)
                 raise WorkerProcessError(i, f"worker {i} {_describe_exit(procs[i].exitcode)}")
+        if deferred is not None:
+            _raise_first(procs, *deferred)
         return results
     finally:
         for p in procs:
@@ -195,4 +223,4 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, **options: Any) -> l
     try:
         return execute_process(fn, workers, **options)
     except WorkerProcessError as exc:
-        raise WorkerError(exc.worker, exc) from exc
+        raise WorkerError(exc.worker, exc, str(exc)) from exc

@@ -75,8 +75,11 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
         except BaseException as exc:  # noqa: BLE001 - returned to the driver with its traceback
             import traceback
 
-            out = [index, False, cloudpickle.dumps(f"{type(exc).__name__}: {exc}\n"
-                                                   f"{traceback.format_exc()}")]
+            from tokenflow.process import _is_consequence
+
+            out = [index, False, cloudpickle.dumps((f"{type(exc).__name__}: {exc}\n"
+                                                    f"{traceback.format_exc()}",
+                                                    _is_consequence(exc)))]
         yield pa.RecordBatch.from_pylist(
             [{"worker": out[0], "ok": out[1], "payload": out[2]}],
             schema=pa.schema([("worker", pa.int32()), ("ok", pa.bool_()), ("payload", pa.binary())]),
@@ -153,11 +156,13 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         if row["ok"]:
             results[row["worker"]] = value
         else:
-            failures.append((row["worker"], value))
+            message, consequence = value
+            failures.append((consequence, row["worker"], message))
     if failures:
+        # name a root cause, not a worker that only lost its connection to the failed one
         failures.sort()
-        worker, message = failures[0]
-        raise WorkerError(worker, RuntimeError(message))
+        _, worker, message = failures[0]
+        raise WorkerError(worker, RuntimeError(message), f"worker {worker} failed: {message}")
     return results
 
 
