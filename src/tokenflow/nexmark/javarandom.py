@@ -16,7 +16,8 @@ Source: /work/shared/NEXMARK.md ("Random stream") and OpenJDK's ``java/util/Rand
 jobs).  ``LaneRandom`` keeps the states of N generators in a ``uint64`` array and draws for all
 lanes, or for a subset of lanes given as an index array, in one numpy operation each; a lane
 that is not in the subset does not advance.  ``LaneRandom.next_int_block`` draws K successive
-``nextInt()`` values per lane at once using the LCG's jump-ahead constants.
+``nextInt()`` values per lane at once using the LCG's jump-ahead constants (``peek_states`` /
+``advance``: ``j`` steps map ``s`` to ``a_j * s + c_j mod 2**48``).
 """
 
 from __future__ import annotations
@@ -109,9 +110,6 @@ def jump_constants(k: int) -> tuple[np.ndarray, np.ndarray]:
     return a, c
 
 
-_JUMP_A, _JUMP_C = jump_constants(64)
-
-
 class LaneRandom:
     """N independent ``java.util.Random`` generators ("lanes"), advanced with numpy.
 
@@ -196,28 +194,52 @@ class LaneRandom:
         lo = (self._step(lanes) >> np.uint64(21)).astype(np.int64)
         return ((hi << 27) + lo) * DOUBLE_UNIT
 
-    def next_int_block(self, counts: np.ndarray, lanes: np.ndarray | None = None) -> np.ndarray:
-        """``counts[i]`` successive ``nextInt()`` draws for selected lane ``i``, at once.
-
-        Returns an int64 matrix of shape ``(len(lanes), max(counts))`` whose row ``i`` holds the
-        lane's draws in order (entries past ``counts[i]`` are draws that were *not* taken: the
-        lane's state advances by exactly ``counts[i]`` steps).
-        """
-        counts = np.asarray(counts, dtype=np.int64)
-        width = int(counts.max()) if len(counts) else 0
+    def peek_states(self, width: int, lanes: np.ndarray | None = None) -> np.ndarray:
+        """The states after 1, 2, ..., ``width`` more steps of each selected lane, without
+        advancing: a ``uint64`` matrix of shape ``(len(lanes), width)`` (LCG jump-ahead)."""
         s0 = self.state if lanes is None else self.state[lanes]
-        if width == 0:
-            return np.zeros((len(s0), 0), dtype=np.int64)
-        a, c = _JUMP_A, _JUMP_C
-        if width > len(a):
-            a, c = jump_constants(width)
+        a, c = _jump(width)
         states = s0[:, None] * a[None, :width]
         states += c[None, :width]
         states &= _MASK
-        moved = counts > 0
-        final = np.where(moved, states[np.arange(len(s0)), np.maximum(counts - 1, 0)], s0)
+        return states
+
+    def advance(self, states: np.ndarray, counts: np.ndarray,
+                lanes: np.ndarray | None = None) -> None:
+        """Move each selected lane ``counts[i]`` steps ahead, given ``states = peek_states(...)``
+        for the same lanes (``counts[i] == 0`` leaves the lane as it is)."""
+        counts = np.asarray(counts, dtype=np.int64)
+        s0 = self.state if lanes is None else self.state[lanes]
+        if states.shape[1] == 0:
+            return
+        final = np.where(counts > 0, states[np.arange(len(s0)), np.maximum(counts - 1, 0)], s0)
         if lanes is None:
             self.state[:] = final
         else:
             self.state[lanes] = final
-        return (states >> _SHIFT32).astype(np.uint32).view(np.int32).astype(np.int64)
+
+    def next_int_block(self, counts: np.ndarray, lanes: np.ndarray | None = None,
+                       signed: bool = True) -> np.ndarray:
+        """``counts[i]`` successive ``nextInt()`` draws for selected lane ``i``, at once.
+
+        Returns a matrix of shape ``(len(lanes), max(counts))`` whose row ``i`` holds the lane's
+        draws in order (entries past ``counts[i]`` are draws that were *not* taken: the lane's
+        state advances by exactly ``counts[i]`` steps): int64 signed 32-bit values, or with
+        ``signed=False`` the same 32 bits as ``uint32``.
+        """
+        counts = np.asarray(counts, dtype=np.int64)
+        width = int(counts.max()) if len(counts) else 0
+        states = self.peek_states(width, lanes)
+        self.advance(states, counts, lanes)
+        raw = (states >> _SHIFT32).astype(np.uint32)
+        return raw.view(np.int32).astype(np.int64) if signed else raw
+
+
+_JUMPS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _jump(width: int) -> tuple[np.ndarray, np.ndarray]:
+    size = max(64, 1 << max(width - 1, 0).bit_length())
+    if size not in _JUMPS:
+        _JUMPS[size] = jump_constants(size)
+    return _JUMPS[size]

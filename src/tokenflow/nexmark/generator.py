@@ -1,0 +1,662 @@
+"""A vectorized, Beam-compatible NEXMark event generator, and a dataflow source for it.
+
+Source: /work/shared/NEXMARK.md ("Generator"), which follows Apache Beam's
+``sdks/java/testing/nexmark/.../sources/generator`` (``GeneratorConfig``, ``Generator`` and
+``model/{Person,Auction,Bid,Strings,Price,Long}Generator``).  Event number ``n`` (0, 1, ...)
+has ``eventId = first_event_id + n`` and draws every random value from its own
+``java.util.Random(eventId)``, so any range of events can be generated independently and the
+output equals Beam's event for event.
+
+Vectorization: a range of event numbers is split by kind (``eventId % 50``: 0 person, 1–3
+auction, else bid); each kind keeps one 48-bit LCG state per event ("lane", see
+``javarandom.LaneRandom``) and performs the spec's draws in the spec's order on all its lanes
+at once.  Conditional draws (a cold seller/auction/bidder) advance only the lanes that take
+them; rejection loops of ``nextInt(bound)`` re-draw only the rejected lanes; strings are built
+position by position over a ``(lanes, max length)`` byte matrix with a keep mask (per-lane
+lengths, spaces, Java's ``trim``), then turned into Arrow ``utf8`` arrays without Python
+objects per event.
+
+Results are Arrow record batches with Beam's field names; ``int64`` ids, prices (cents) and
+times (ms since the Unix epoch), ``utf8`` strings.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokenflow.nexmark.javarandom import ADDEND, INT_MAX, MASK, MULTIPLIER, JavaRandom, LaneRandom
+
+BASE_TIME_MS = 1_436_918_400_000
+"""2015-07-15T00:00:00Z in ms since the Unix epoch (Beam's ``NexmarkUtils.BASE_TIME``)."""
+
+FIRST_PERSON_ID = 1000
+FIRST_AUCTION_ID = 1000
+FIRST_CATEGORY_ID = 10
+NUM_CATEGORIES = 5
+PERSON_PROPORTION = 1
+AUCTION_PROPORTION = 3
+BID_PROPORTION = 46
+PROPORTION_DENOMINATOR = PERSON_PROPORTION + AUCTION_PROPORTION + BID_PROPORTION  # 50
+PERSON_ID_LEAD = 10
+AUCTION_ID_LEAD = 10
+HOT_SELLER_RATIO = 100
+HOT_AUCTION_RATIO = 100
+HOT_BIDDER_RATIO = 100
+MIN_STRING_LENGTH = 3
+
+US_STATES = ("AZ", "CA", "ID", "OR", "WA", "WY")
+US_CITIES = ("Phoenix", "Los Angeles", "San Francisco", "Boise", "Portland", "Bend", "Redmond",
+             "Seattle", "Kent", "Cheyenne")
+FIRST_NAMES = ("Peter", "Paul", "Luke", "John", "Saul", "Vicky", "Kate", "Julie", "Sarah", "Deiter",
+               "Walter")
+LAST_NAMES = ("Shultz", "Abrams", "Spencer", "White", "Bartels", "Walton", "Smith", "Jones", "Noris")
+
+KINDS = ("person", "auction", "bid")
+"""Event kinds, in the order of ``nexmark_source``'s outputs."""
+
+PERSON_SCHEMA = pa.schema([
+    ("id", pa.int64()), ("name", pa.utf8()), ("emailAddress", pa.utf8()),
+    ("creditCard", pa.utf8()), ("city", pa.utf8()), ("state", pa.utf8()),
+    ("dateTime", pa.int64()), ("extra", pa.utf8()),
+])
+AUCTION_SCHEMA = pa.schema([
+    ("id", pa.int64()), ("itemName", pa.utf8()), ("description", pa.utf8()),
+    ("initialBid", pa.int64()), ("reserve", pa.int64()), ("dateTime", pa.int64()),
+    ("expires", pa.int64()), ("seller", pa.int64()), ("category", pa.int64()),
+    ("extra", pa.utf8()),
+])
+BID_SCHEMA = pa.schema([
+    ("auction", pa.int64()), ("bidder", pa.int64()), ("price", pa.int64()),
+    ("dateTime", pa.int64()), ("extra", pa.utf8()),
+])
+SCHEMAS: dict[str, pa.Schema] = {"person": PERSON_SCHEMA, "auction": AUCTION_SCHEMA, "bid": BID_SCHEMA}
+
+CHUNK = 65_536
+"""Events generated per vectorized pass inside ``generate`` (bounds temporary memory)."""
+
+
+@dataclass(frozen=True)
+class GeneratorConfig:
+    """Generator parameters, with the defaults of NEXMARK.md / Beam's ``NexmarkConfiguration``.
+
+    Attributes:
+        rate: events per second (``firstEventRate = nextEventRate``, one generator).
+        first_event_id: ``eventId`` of event number 0 (the seed offset).
+        base_time_ms: event time of event number 0, ms since the Unix epoch.
+        avg_person_byte_size, avg_auction_byte_size, avg_bid_byte_size: ``nextExtra`` targets.
+        hot_auction_ratio, hot_sellers_ratio, hot_bidders_ratio: ``nextInt(ratio) > 0`` picks
+            the hot auction / seller / bidder.
+        num_in_flight_auctions: auctions a bid may pick from (also sets auction lengths).
+        num_active_people: people a new auction or bid may pick from.
+        auction_skip: Q2's ``auction % auction_skip == 0`` (for the queries; not used here).
+        out_of_order_group_size: must be 1 (events in event-time order).
+    """
+
+    rate: int = 10_000
+    first_event_id: int = 0
+    base_time_ms: int = BASE_TIME_MS
+    avg_person_byte_size: int = 200
+    avg_auction_byte_size: int = 500
+    avg_bid_byte_size: int = 100
+    hot_auction_ratio: int = 2
+    hot_sellers_ratio: int = 4
+    hot_bidders_ratio: int = 4
+    num_in_flight_auctions: int = 100
+    num_active_people: int = 1000
+    auction_skip: int = 123
+    out_of_order_group_size: int = 1
+
+    def __post_init__(self) -> None:
+        if self.rate <= 0:
+            raise ValueError(f"rate must be > 0 events/s, got {self.rate}")
+        if self.first_event_id < 0:
+            raise ValueError(f"first_event_id must be >= 0, got {self.first_event_id}")
+        if self.out_of_order_group_size != 1:
+            raise NotImplementedError("only out_of_order_group_size=1 (events in time order)")
+        for name in ("hot_auction_ratio", "hot_sellers_ratio", "hot_bidders_ratio",
+                     "num_active_people"):
+            if not 1 <= getattr(self, name) < INT_MAX - PERSON_ID_LEAD:
+                raise ValueError(f"{name} must be in [1, 2**31 - 12), got {getattr(self, name)}")
+        if not 0 <= self.num_in_flight_auctions < INT_MAX - AUCTION_ID_LEAD - 1:
+            raise ValueError(f"num_in_flight_auctions out of range: {self.num_in_flight_auctions}")
+        if 2 * (self.auction_horizon_events * self.inter_event_delay_us // 1000 + 1) >= INT_MAX:
+            raise NotImplementedError("auction lengths beyond 2**31 ms (Beam's nextLong path)")
+
+    @property
+    def inter_event_delay_us(self) -> int:
+        """µs between events: ``(1_000_000 + rate // 2) // rate`` (Beam's ``rateToPeriodUs``)."""
+        return (1_000_000 + self.rate // 2) // self.rate
+
+    @property
+    def auction_horizon_events(self) -> int:
+        """Events until ``num_in_flight_auctions`` more auctions exist: ``100 * 50 // 3 = 1666``."""
+        return self.num_in_flight_auctions * PROPORTION_DENOMINATOR // AUCTION_PROPORTION
+
+    def timestamp(self, n: Any) -> Any:
+        """Event time (ms) of event number(s) ``n``: ``base + n * delay_us // 1000``."""
+        return self.base_time_ms + (n * self.inter_event_delay_us) // 1000
+
+
+# -- id arithmetic (vectorized; Beam's Person/AuctionGenerator) ----------------------------------
+
+
+def last_base0_person_id(event_id: np.ndarray) -> np.ndarray:
+    """The last person id (base 0) created at or before ``event_id``: ``event_id // 50``."""
+    return event_id // PROPORTION_DENOMINATOR
+
+
+def last_base0_auction_id(event_id: np.ndarray) -> np.ndarray:
+    """The last auction id (base 0) created at or before ``event_id`` (NEXMARK.md formula)."""
+    epoch, off = np.divmod(event_id, PROPORTION_DENOMINATOR)
+    person = off < PERSON_PROPORTION
+    epoch = epoch - person
+    off = np.where(person | (off >= PERSON_PROPORTION + AUCTION_PROPORTION),
+                   AUCTION_PROPORTION - 1, off - PERSON_PROPORTION)
+    return epoch * AUCTION_PROPORTION + off
+
+
+def _next_base0_person_id(rng: LaneRandom, lanes: np.ndarray, event_id: np.ndarray,
+                          config: GeneratorConfig) -> np.ndarray:
+    num = last_base0_person_id(event_id) + 1
+    active = np.minimum(num, config.num_active_people)
+    return num - active + rng.next_int_bounded(active + PERSON_ID_LEAD, lanes)
+
+
+def _next_base0_auction_id(rng: LaneRandom, lanes: np.ndarray, event_id: np.ndarray,
+                           config: GeneratorConfig) -> np.ndarray:
+    last = last_base0_auction_id(event_id)
+    lo = np.maximum(last - config.num_in_flight_auctions, 0)
+    return lo + rng.next_int_bounded(last - lo + 1 + AUCTION_ID_LEAD, lanes)
+
+
+def _next_price(rng: LaneRandom) -> np.ndarray:
+    """``Math.round(Math.pow(10, nextDouble() * 6) * 100)``: cents in ``[100, 10**8]``."""
+    return np.floor(np.power(10.0, rng.next_double() * 6.0) * 100.0 + 0.5).astype(np.int64)
+
+
+# -- strings as byte matrices ---------------------------------------------------------------------
+
+
+class Text:
+    """Per-lane ASCII strings: ``chars`` (uint8, shape ``(lanes, width)``) and ``keep`` (bool,
+    same shape); a lane's string is its kept bytes in column order."""
+
+    __slots__ = ("chars", "keep")
+
+    def __init__(self, chars: np.ndarray, keep: np.ndarray) -> None:
+        self.chars = chars
+        self.keep = keep
+
+    @staticmethod
+    def constant(text: str, lanes: int) -> Text:
+        """The same string in every lane."""
+        raw = np.frombuffer(text.encode("ascii"), dtype=np.uint8)
+        return Text(np.broadcast_to(raw, (lanes, len(raw))), np.ones((lanes, len(raw)), dtype=bool))
+
+    @staticmethod
+    def choice(options: tuple[str, ...], index: np.ndarray) -> Text:
+        """``options[index[i]]`` in lane ``i``."""
+        width = max(len(o) for o in options)
+        table = np.zeros((len(options), width), dtype=np.uint8)
+        for i, o in enumerate(options):
+            table[i, : len(o)] = np.frombuffer(o.encode("ascii"), dtype=np.uint8)
+        lengths = np.array([len(o) for o in options])
+        return Text(table[index], np.arange(width) < lengths[index][:, None])
+
+    @staticmethod
+    def concat(*parts: Text) -> Text:
+        """Lane-wise concatenation."""
+        return Text(np.hstack([p.chars for p in parts]), np.hstack([p.keep for p in parts]))
+
+    def lengths(self) -> np.ndarray:
+        """int64 length of each lane's string."""
+        return self.keep.sum(axis=1, dtype=np.int64)
+
+    def to_arrow(self) -> pa.Array:
+        """A ``utf8`` Arrow array (one string per lane)."""
+        lanes = len(self.keep)
+        offsets = np.zeros(lanes + 1, dtype=np.int32)
+        np.cumsum(self.keep.sum(axis=1, dtype=np.int32), out=offsets[1:])
+        data = np.ascontiguousarray(self.chars)[self.keep]
+        return pa.StringArray.from_buffers(lanes, pa.py_buffer(offsets), pa.py_buffer(data))
+
+
+_SPACE = 32
+_LOWER_A = 97
+
+
+def next_string(rng: LaneRandom, max_length: int) -> Text:
+    """Beam's ``nextString(random, maxLength)`` for every lane of ``rng``.
+
+    Length ``3 + nextInt(maxLength - 3)``; per character ``nextInt(13) == 0`` gives a space,
+    else ``'a' + nextInt(26)`` (a second draw); Java's ``trim()`` strips the spaces at both
+    ends (see ``string_characters``).
+    """
+    length = MIN_STRING_LENGTH + rng.next_int_bounded(max_length - MIN_STRING_LENGTH)
+    raw = string_characters(rng, length)
+    return _trim(raw.chars, raw.keep)
+
+
+_LIMIT13 = np.uint64(((1 << 31) // 13) * 13)
+_LIMIT26 = np.uint64(((1 << 31) // 26) * 26)
+_U13 = np.uint64(13)
+_U26 = np.uint64(26)
+_U97 = np.uint64(_LOWER_A)
+_U32 = np.uint64(_SPACE)
+_M = np.uint64(MULTIPLIER)
+_A = np.uint64(ADDEND)
+_MASK48 = np.uint64(MASK)
+_SHIFT31 = np.uint64(17)
+
+
+def string_characters(rng: LaneRandom, length: np.ndarray) -> Text:
+    """The ``length[i]`` characters ``nextString`` draws in lane ``i`` after its length draw
+    (untrimmed: ``keep`` marks them), equal to ``next_string_stepwise`` but faster.
+
+    Lanes are sorted by decreasing length so that the lanes still drawing at position ``j`` are
+    a prefix (views, no gathers).  Each position computes both candidate draws of every lane,
+    ``v1`` for ``nextInt(13)`` and ``v2`` for ``nextInt(26)``, and keeps the state after one
+    draw (space) or two (letter).  A lane where ``v1`` or a used ``v2`` falls in a rejection
+    zone (probability ~1e-8) is redone for that position with the scalar ``JavaRandom``.
+    """
+    length = np.asarray(length, dtype=np.int64)
+    lanes = len(length)
+    width = int(length.max()) if lanes else 0
+    order = np.argsort(-length, kind="stable")
+    active = lanes - np.cumsum(np.bincount(length, minlength=width + 1))[:width]  # length > j
+    state = rng.state[order]
+    chars = np.zeros((lanes, width), dtype=np.uint8)
+    for j in range(width):
+        s = state[: active[j]]
+        s1 = s * _M
+        s1 += _A
+        s1 &= _MASK48
+        s2 = s1 * _M
+        s2 += _A
+        s2 &= _MASK48
+        v1 = s1 >> _SHIFT31  # next(31) for nextInt(13)
+        v2 = s2 >> _SHIFT31  # next(31) for nextInt(26), used after a letter flag
+        letter = v1 % _U13 != 0
+        chars[: active[j], j] = np.where(letter, v2 % _U26 + _U97, _U32)
+        if v1.max() >= _LIMIT13 or v2.max() >= _LIMIT26:
+            for i in np.flatnonzero((v1 >= _LIMIT13) | (letter & (v2 >= _LIMIT26))).tolist():
+                scalar = JavaRandom(0)
+                scalar.state = int(s[i])
+                first = scalar.next_int(13)
+                chars[i, j] = _SPACE if first == 0 else _LOWER_A + scalar.next_int(26)
+                letter[i] = False
+                s1[i] = scalar.state
+        np.copyto(s1, s2, where=letter)
+        s[:] = s1
+    rng.state[order] = state
+    out = np.empty_like(chars)
+    out[order] = chars
+    return Text(out, np.arange(width) < length[:, None])
+
+
+def _trim(chars: np.ndarray, used: np.ndarray) -> Text:
+    """Java's ``String.trim()`` of each lane's used characters (all of them ASCII >= ' ')."""
+    width = chars.shape[1]
+    solid = used & (chars > _SPACE)
+    has = solid.any(axis=1)
+    start = np.argmax(solid, axis=1)
+    end = width - np.argmax(solid[:, ::-1], axis=1)
+    position = np.arange(width)
+    keep = used & (position >= start[:, None]) & (position < end[:, None]) & has[:, None]
+    return Text(chars, keep)
+
+
+def next_string_stepwise(rng: LaneRandom, length: np.ndarray,
+                         lanes: np.ndarray | None = None) -> Text:
+    """The characters of ``nextString`` after its length draw, position by position: each step
+    draws ``nextInt(13)`` (and ``nextInt(26)`` for a letter) for the lanes still inside their
+    ``length``; rejection loops re-draw only the rejected lanes.  Untrimmed: ``keep`` marks the
+    ``length`` characters of each lane."""
+    length = np.asarray(length, dtype=np.int64)
+    count = len(length)
+    width = int(length.max()) if count else 0
+    chars = np.zeros((count, width), dtype=np.uint8)
+    for j in range(width):
+        active = np.flatnonzero(length > j)
+        sub = active if lanes is None else lanes[active]
+        is_letter = rng.next_int_bounded(13, sub) != 0
+        column = np.full(len(active), _SPACE, dtype=np.uint8)
+        column[is_letter] = _LOWER_A + rng.next_int_bounded(26, sub[is_letter])
+        chars[active, j] = column
+    return Text(chars, np.arange(width) < length[:, None])
+
+
+def next_exact_string(rng: LaneRandom, lengths: np.ndarray) -> Text:
+    """Beam's ``nextExactString(random, length)`` per lane: one ``nextInt()`` per 6 characters,
+    character ``'a' + rnd % 26`` (Java's signed remainder), then ``rnd /= 26`` (truncating).
+
+    Computed on ``|rnd|`` as ``uint32`` (numpy divides by a scalar constant fast): for a
+    negative ``rnd`` the digits are negated, ``'a' - (|rnd| % 26)``, done as a ``uint8``
+    multiply by 255 (``-1`` modulo 256).
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    draws = (lengths + 5) // 6
+    raw = rng.next_int_block(draws, signed=False)  # (lanes, K) 32-bit patterns
+    lanes, k = raw.shape
+    negative = raw >> np.uint32(31)  # 1 for a negative int
+    sign = np.uint8(1) - (negative.astype(np.uint8) << np.uint8(1))  # 1 or 255
+    magnitude = raw * (np.uint32(1) - (negative << np.uint32(1)))  # |rnd| modulo 2**32
+    digits = np.empty((6, lanes, k), dtype=np.uint8)
+    for i in range(6):
+        quotient = magnitude // np.uint32(26)
+        digit = (magnitude - quotient * np.uint32(26)).astype(np.uint8)
+        np.multiply(digit, sign, out=digits[i])
+        digits[i] += np.uint8(_LOWER_A)
+        magnitude = quotient
+    chars = digits.transpose(1, 2, 0).reshape(lanes, 6 * k)
+    return Text(chars, np.arange(6 * k) < lengths[:, None])
+
+
+def next_extra(rng: LaneRandom, current_size: np.ndarray, average_size: int) -> Text:
+    """Beam's ``nextExtra(random, currentSize, desiredAverageSize)`` per lane.
+
+    ``""`` when ``current > average``; else ``d = average - current``,
+    ``delta = Math.round(0.2 * d)``, length ``d - delta + (delta ? nextInt(2 * delta) : 0)``
+    filled by ``next_exact_string``.
+    """
+    current = np.asarray(current_size, dtype=np.int64)
+    d = average_size - current
+    empty = current > average_size
+    delta = np.floor(d * 0.2 + 0.5).astype(np.int64)  # Java Math.round (half up)
+    size = d - delta
+    draw = np.flatnonzero(~empty & (delta != 0))
+    if len(draw):
+        size[draw] += rng.next_int_bounded(2 * delta[draw], draw)
+    size[empty] = 0
+    return next_exact_string(rng, size)
+
+
+# -- the three event kinds ------------------------------------------------------------------------
+
+
+def _persons(n: np.ndarray, config: GeneratorConfig) -> pa.RecordBatch:
+    """Person events for event numbers ``n`` (int64, all of kind person)."""
+    event_id = n + config.first_event_id
+    rng = LaneRandom(event_id)
+    lanes = len(n)
+    ident = last_base0_person_id(event_id) + FIRST_PERSON_ID
+    first = rng.next_int_bounded(len(FIRST_NAMES))
+    last = rng.next_int_bounded(len(LAST_NAMES))
+    name = Text.concat(Text.choice(FIRST_NAMES, first), Text.constant(" ", lanes),
+                       Text.choice(LAST_NAMES, last))
+    user = next_string(rng, 7)
+    domain = next_string(rng, 5)
+    email = Text.concat(user, Text.constant("@", lanes), domain, Text.constant(".com", lanes))
+    card = np.full((lanes, 19), _SPACE, dtype=np.uint8)
+    for group in range(4):
+        value = rng.next_int_bounded(10_000)
+        for digit in range(4):
+            card[:, group * 5 + 3 - digit] = 48 + value % 10
+            value = value // 10
+    credit = Text(card, np.ones((lanes, 19), dtype=bool))
+    city = Text.choice(US_CITIES, rng.next_int_bounded(len(US_CITIES)))
+    state = Text.choice(US_STATES, rng.next_int_bounded(len(US_STATES)))
+    current = 8 + name.lengths() + email.lengths() + 19 + city.lengths() + state.lengths()
+    extra = next_extra(rng, current, config.avg_person_byte_size)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ident), name.to_arrow(), email.to_arrow(), credit.to_arrow(), city.to_arrow(),
+         state.to_arrow(), pa.array(config.timestamp(n)), extra.to_arrow()],
+        schema=PERSON_SCHEMA)
+
+
+def _auctions(n: np.ndarray, config: GeneratorConfig) -> pa.RecordBatch:
+    """Auction events for event numbers ``n`` (int64, all of kind auction)."""
+    event_id = n + config.first_event_id
+    rng = LaneRandom(event_id)
+    ident = last_base0_auction_id(event_id) + FIRST_AUCTION_ID
+    hot = rng.next_int_bounded(config.hot_sellers_ratio) > 0
+    seller = (last_base0_person_id(event_id) // HOT_SELLER_RATIO) * HOT_SELLER_RATIO
+    cold = np.flatnonzero(~hot)
+    if len(cold):
+        seller[cold] = _next_base0_person_id(rng, cold, event_id[cold], config)
+    seller += FIRST_PERSON_ID
+    category = FIRST_CATEGORY_ID + rng.next_int_bounded(NUM_CATEGORIES)
+    initial_bid = _next_price(rng)
+    time = config.timestamp(n)
+    horizon = config.timestamp(n + config.auction_horizon_events) - time
+    expires = time + 1 + rng.next_int_bounded(np.maximum(2 * horizon, 1))
+    item = next_string(rng, 20)
+    description = next_string(rng, 100)
+    reserve = initial_bid + _next_price(rng)
+    current = 8 + item.lengths() + description.lengths() + 40
+    extra = next_extra(rng, current, config.avg_auction_byte_size)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(ident), item.to_arrow(), description.to_arrow(), pa.array(initial_bid),
+         pa.array(reserve), pa.array(time), pa.array(expires), pa.array(seller),
+         pa.array(category), extra.to_arrow()],
+        schema=AUCTION_SCHEMA)
+
+
+def _bids(n: np.ndarray, config: GeneratorConfig) -> pa.RecordBatch:
+    """Bid events for event numbers ``n`` (int64, all of kind bid)."""
+    event_id = n + config.first_event_id
+    rng = LaneRandom(event_id)
+    hot = rng.next_int_bounded(config.hot_auction_ratio) > 0
+    auction = (last_base0_auction_id(event_id) // HOT_AUCTION_RATIO) * HOT_AUCTION_RATIO
+    cold = np.flatnonzero(~hot)
+    if len(cold):
+        auction[cold] = _next_base0_auction_id(rng, cold, event_id[cold], config)
+    auction += FIRST_AUCTION_ID
+    hot = rng.next_int_bounded(config.hot_bidders_ratio) > 0
+    bidder = (last_base0_person_id(event_id) // HOT_BIDDER_RATIO) * HOT_BIDDER_RATIO + 1
+    cold = np.flatnonzero(~hot)
+    if len(cold):
+        bidder[cold] = _next_base0_person_id(rng, cold, event_id[cold], config)
+    bidder += FIRST_PERSON_ID
+    price = _next_price(rng)
+    extra = next_extra(rng, np.full(len(n), 32, dtype=np.int64), config.avg_bid_byte_size)
+    return pa.RecordBatch.from_arrays(
+        [pa.array(auction), pa.array(bidder), pa.array(price), pa.array(config.timestamp(n)),
+         extra.to_arrow()],
+        schema=BID_SCHEMA)
+
+
+_BUILDERS = {"person": _persons, "auction": _auctions, "bid": _bids}
+
+
+def event_kinds(n: np.ndarray, config: GeneratorConfig) -> np.ndarray:
+    """Kind of each event number: 0 person, 1 auction, 2 bid (``eventId % 50``: 0, 1–3, 4–49)."""
+    rem = (n + config.first_event_id) % PROPORTION_DENOMINATOR
+    return (rem >= PERSON_PROPORTION).astype(np.int8) + (rem >= PERSON_PROPORTION + AUCTION_PROPORTION)
+
+
+def _generate_chunk(first_n: int, count: int, config: GeneratorConfig) -> dict[str, pa.RecordBatch]:
+    n = np.arange(first_n, first_n + count, dtype=np.int64)
+    kinds = event_kinds(n, config)
+    out = {}
+    for k, kind in enumerate(KINDS):
+        lanes = n[kinds == k]
+        out[kind] = _BUILDERS[kind](lanes, config) if len(lanes) else _empty(kind)
+    return out
+
+
+def _empty(kind: str) -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=SCHEMAS[kind])
+
+
+def generate(first_n: int, count: int,
+             config: GeneratorConfig | None = None) -> dict[str, pa.RecordBatch]:
+    """The events with event numbers ``[first_n, first_n + count)``, by kind.
+
+    Returns ``{"person": ..., "auction": ..., "bid": ...}``, each an Arrow ``RecordBatch``
+    (schemas ``PERSON_SCHEMA`` etc.) in event-number order, hence ``dateTime`` order.
+
+    Raises:
+        ValueError: for a negative ``first_n`` or ``count``.
+    """
+    config = config or GeneratorConfig()
+    if first_n < 0 or count < 0:
+        raise ValueError(f"first_n and count must be >= 0, got {first_n}, {count}")
+    parts = [_generate_chunk(s, min(CHUNK, first_n + count - s), config)
+             for s in range(first_n, first_n + count, CHUNK)]
+    if not parts:
+        return {kind: _empty(kind) for kind in KINDS}
+    if len(parts) == 1:
+        return parts[0]
+    out = {}
+    for kind in KINDS:
+        batches = [p[kind] for p in parts]
+        out[kind] = pa.RecordBatch.from_arrays(
+            [pa.concat_arrays([b.column(i) for b in batches]) for i in range(len(SCHEMAS[kind]))],
+            schema=SCHEMAS[kind])
+    return out
+
+
+def worker_blocks(worker: int, peers: int, total: int, batch: int) -> Iterator[tuple[int, int]]:
+    """``(first_n, count)`` of worker ``worker``'s blocks: event numbers ``[0, total)`` cut into
+    blocks of ``batch``, block ``b`` going to worker ``b % peers`` (in increasing order)."""
+    if not 0 <= worker < peers:
+        raise ValueError(f"worker {worker} not in [0, {peers})")
+    if batch <= 0:
+        raise ValueError(f"batch must be > 0, got {batch}")
+    for first in range(worker * batch, total, peers * batch):
+        yield first, min(batch, total - first)
+
+
+def events_for_worker(worker: int, peers: int, total: int, batch: int = 10_000,
+                      config: GeneratorConfig | None = None) -> Iterator[dict[str, pa.RecordBatch]]:
+    """Worker ``worker``'s share of events ``[0, total)``: one ``generate`` result per block of
+    ``batch`` events (see ``worker_blocks``), in event-time order within the worker."""
+    config = config or GeneratorConfig()
+    for first, count in worker_blocks(worker, peers, total, batch):
+        yield generate(first, count, config)
+
+
+def write_parquet(directory: str | os.PathLike[str], events: int, rate: int = 10_000,
+                  config: GeneratorConfig | None = None, batch: int = 100_000) -> dict[str, int]:
+    """Write events ``[0, events)`` as ``directory/{person,auction,bid}/part-00000.parquet``.
+
+    ``config`` (default: ``GeneratorConfig(rate=rate)``) wins over ``rate``.  One row group per
+    ``batch`` events.  Returns the number of rows written per kind.
+    """
+    config = config or GeneratorConfig(rate=rate)
+    root = os.fspath(directory)
+    writers = {}
+    counts = dict.fromkeys(KINDS, 0)
+    try:
+        for kind in KINDS:
+            os.makedirs(os.path.join(root, kind), exist_ok=True)
+            writers[kind] = pq.ParquetWriter(os.path.join(root, kind, "part-00000.parquet"),
+                                             SCHEMAS[kind])
+        for data in events_for_worker(0, 1, events, batch, config):
+            for kind in KINDS:
+                writers[kind].write_batch(data[kind])
+                counts[kind] += data[kind].num_rows
+    finally:
+        for writer in writers.values():
+            writer.close()
+    return counts
+
+
+# -- dataflow source ------------------------------------------------------------------------------
+
+
+def nexmark_source(scope: Any, events: int, config: GeneratorConfig | None = None,
+                   batch: int = 10_000, granularity_ms: int = 1,
+                   name: str = "Nexmark") -> dict[str, Any]:
+    """Three streams ``{"person", "auction", "bid"}`` of Arrow batches of events ``[0, events)``.
+
+    Each worker generates its blocks (``worker_blocks(worker, peers, events, batch)``), one block
+    per activation, and sends each kind's rows of one logical time as one message; a record's
+    logical time is its ``dateTime`` in ms (floored to a multiple of ``granularity_ms`` when that
+    is > 1, to send fewer, larger messages).  The operator holds one token per output, at most
+    the time of the next event it will produce; after a block it downgrades them to the first
+    time of its next block, and drops them after its last.
+    """
+    from tokenflow.dataflow.operators.builder import OperatorBuilder
+
+    config = config or GeneratorConfig()
+    if granularity_ms <= 0:
+        raise ValueError(f"granularity_ms must be > 0, got {granularity_ms}")
+    builder = OperatorBuilder(name, scope, notify=False)
+    ports = [builder.new_output() for _ in KINDS]
+    activate = builder.activator()
+    blocks = list(worker_blocks(scope.worker_index, scope.peers, events, batch))
+    metrics = getattr(scope.worker, "metrics", {})
+
+    def floor(t: int) -> int:
+        return t - t % granularity_ms
+
+    def constructor(caps: list[Any]) -> Any:
+        tokens: list[Any] = list(caps)
+        position = [0]
+
+        def finish() -> None:
+            for cap in tokens:
+                cap.drop()
+            tokens.clear()
+
+        def logic(frontiers: list[Any]) -> bool:
+            if not tokens:
+                return False
+            i = position[0]
+            if i >= len(blocks):
+                finish()
+                return False
+            first, count = blocks[i]
+            start = floor(int(config.timestamp(first)))
+            for cap in tokens:
+                if cap.time < start:
+                    cap.downgrade(start)
+            data = generate(first, count, config)
+            metrics["records_in"] = metrics.get("records_in", 0) + count
+            for (output, _), cap, kind in zip(ports, tokens, KINDS, strict=True):
+                records = data[kind]
+                if not records.num_rows:
+                    continue
+                times = records.column("dateTime").to_numpy()
+                if granularity_ms > 1:
+                    times = times - times % granularity_ms
+                bounds = np.flatnonzero(np.diff(times)) + 1
+                starts = [0, *bounds.tolist()]
+                ends = [*bounds.tolist(), len(times)]
+                for s, e in zip(starts, ends, strict=True):
+                    output.give_batch(cap, records.slice(s, e - s), time=int(times[s]))
+            position[0] = i + 1
+            if i + 1 < len(blocks):
+                following = floor(int(config.timestamp(blocks[i + 1][0])))
+                for cap in tokens:
+                    cap.downgrade(following)
+                activate()
+            else:
+                finish()
+            return False
+
+        return logic
+
+    builder.build(constructor)
+    return {kind: stream for kind, (_, stream) in zip(KINDS, ports, strict=True)}
+
+
+def expected_counts(first_n: int, count: int, config: GeneratorConfig | None = None) -> dict[str, int]:
+    """How many persons, auctions and bids event numbers ``[first_n, first_n + count)`` hold."""
+    config = config or GeneratorConfig()
+    lo = first_n + config.first_event_id
+    hi = lo + count
+
+    def upto(x: int, r: int) -> int:  # ids in [0, x) with id % 50 < r
+        q, m = divmod(x, PROPORTION_DENOMINATOR)
+        return q * r + min(m, r)
+
+    persons = upto(hi, 1) - upto(lo, 1)
+    auctions = upto(hi, 4) - upto(lo, 4) - persons
+    return {"person": persons, "auction": auctions, "bid": count - persons - auctions}
+
+
+__all__ = [
+    "AUCTION_SCHEMA", "BASE_TIME_MS", "BID_SCHEMA", "KINDS", "PERSON_SCHEMA", "SCHEMAS",
+    "GeneratorConfig", "events_for_worker", "expected_counts", "generate", "last_base0_auction_id",
+    "last_base0_person_id", "nexmark_source", "worker_blocks", "write_parquet",
+]
