@@ -1,38 +1,116 @@
 """Stable, vectorized routing of batch records to workers (the exchange pact's hash).
 
 Source: DESIGN.md ("Data plane": "Exchange routes by a stable hash, never Python's salted
-``hash()`` of str").  Keys are hashed with ``pandas.util.hash_array`` (SipHash with a fixed key),
-which is the same in every process and runs per batch in C.
+``hash()`` of str").  The hash is defined here, the same in every process, on every runtime and
+for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
+
+* integers (``int`` keys, integer columns): ``mix64(value as uint64)``;
+* strings and bytes: ``mix64(FNV-1a 64 of the UTF-8 bytes)``;
+* anything else: the string hash of ``str(key)``;
+
+where ``mix64`` is the SplitMix64 finalizer (so ``hash % peers`` spreads evenly).  Strings are
+hashed with numpy over the Arrow buffers, one vector operation per byte position.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-from pandas.util import hash_array
+
+FNV_OFFSET = np.uint64(0xCBF29CE484222325)
+FNV_PRIME = np.uint64(0x100000001B3)
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 
 
-def stable_hash(keys: Any) -> np.ndarray:
-    """64-bit hashes of ``keys`` (a sequence or array), equal across processes and runs.
+def mix64(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer over a uint64 array (wrapping arithmetic)."""
+    x = x.astype(np.uint64, copy=True)
+    with np.errstate(over="ignore"):
+        x ^= x >> np.uint64(30)
+        x *= np.uint64(0xBF58476D1CE4E5B9)
+        x ^= x >> np.uint64(27)
+        x *= np.uint64(0x94D049BB133111EB)
+        x ^= x >> np.uint64(31)
+    return x
 
-    Integers hash as int64 values, everything else by its ``str`` form (so ``1`` and ``"1"``
-    differ but each is stable).
+
+def hash_strings(array: pa.Array) -> np.ndarray:
+    """``mix64(FNV-1a 64)`` of each value's bytes for an Arrow string/binary array (nulls → 0)."""
+    if isinstance(array, pa.ChunkedArray):
+        array = array.combine_chunks()
+    n = len(array)
+    out = np.zeros(n, dtype=np.uint64)
+    if n == 0:
+        return out
+    large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    buffers = array.buffers()
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
+    offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
+    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+            else np.zeros(0, np.uint8))
+    starts = offsets[:-1]
+    lengths = offsets[1:] - starts
+    order = np.argsort(-lengths, kind="stable")  # longest first: active lanes form a prefix
+    starts_sorted = starts[order]
+    lengths_sorted = lengths[order]
+    h = np.full(n, FNV_OFFSET, dtype=np.uint64)
+    longest = int(lengths_sorted[0]) if n else 0
+    # active[k] = number of values longer than k
+    active = np.searchsorted(-lengths_sorted, -np.arange(longest), side="left")
+    with np.errstate(over="ignore"):
+        for k in range(longest):
+            m = int(active[k])
+            h[:m] ^= data[starts_sorted[:m] + k]
+            h[:m] *= FNV_PRIME
+    out[order] = mix64(h)
+    if array.null_count:
+        out[np.asarray(array.is_null())] = 0
+    return out
+
+
+def hash_ints(values: np.ndarray) -> np.ndarray:
+    """``mix64`` of int64 values."""
+    return mix64(values.astype(np.int64, copy=False).view(np.uint64))
+
+
+def stable_hash(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
+    """64-bit hashes of ``keys``, equal across processes, runtimes and batch layouts.
+
+    Integers (within int64) hash by value, strings by their UTF-8 bytes, everything else by its
+    ``str`` form — so ``1`` and ``"1"`` differ but each is stable.
     """
-    arr = keys if isinstance(keys, np.ndarray) else np.asarray(keys)
-    kind = arr.dtype.kind
-    if kind in "iub":
-        return hash_array(arr.astype(np.int64, copy=False))
-    if kind == "f":
-        return hash_array(arr.astype(np.float64, copy=False))
-    if kind != "O":
-        arr = arr.astype(object)
-    else:
-        arr = np.array([k if isinstance(k, str) else str(k) for k in arr], dtype=object)
-    return hash_array(arr)
+    if isinstance(keys, np.ndarray) and keys.dtype.kind in "iub":
+        return hash_ints(keys)
+    try:  # the common cases convert in C: all strings, or all int64
+        array = pa.array(keys)
+        if pa.types.is_string(array.type) or pa.types.is_large_string(array.type):
+            return hash_strings(array)
+        if pa.types.is_integer(array.type) and array.null_count == 0:
+            return hash_ints(array.to_numpy())
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        pass
+    keys = list(keys)
+    out = np.zeros(len(keys), dtype=np.uint64)
+    ints = [i for i, k in enumerate(keys)
+            if type(k) in (int, bool) or isinstance(k, np.integer)]
+    ints = [i for i in ints if _INT64_MIN <= int(keys[i]) <= _INT64_MAX]
+    if ints:
+        out[ints] = hash_ints(np.array([int(keys[i]) for i in ints], dtype=np.int64))
+    if len(ints) < len(keys):
+        taken = set(ints)
+        rest = [i for i in range(len(keys)) if i not in taken]
+        texts = [k if isinstance(k, (str, bytes)) else str(k) for k in (keys[i] for i in rest)]
+        if all(isinstance(t, str) for t in texts):
+            array = pa.array(texts, type=pa.string())
+        else:
+            array = pa.array([t.encode() if isinstance(t, str) else t for t in texts],
+                             type=pa.binary())
+        out[rest] = hash_strings(array)
+    return out
 
 
 def routes_for(hashes: np.ndarray, peers: int) -> np.ndarray:
@@ -48,24 +126,26 @@ def _string_like(dtype: pa.DataType) -> bool:
 
 
 def column_routes(column: pa.Array | pa.ChunkedArray, peers: int) -> np.ndarray:
-    """Worker index per row of an Arrow column, vectorized.
+    """Worker index per row of an Arrow column, vectorized (nulls route to worker 0).
 
     String and binary columns are dictionary-encoded first so each distinct value is hashed
-    once; integer columns hash their values directly.  Nulls route to worker 0.
+    once; integer columns hash their values; other types hash their string form.
     """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    if _string_like(column.type):
+    kind = column.type
+    if _string_like(kind):
         encoded = column.dictionary_encode()
-        dictionary = encoded.dictionary.to_numpy(zero_copy_only=False).astype(object)
-        per_value = routes_for(stable_hash(dictionary), peers)
+        per_value = routes_for(hash_strings(encoded.dictionary), peers)
         indices = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
         routes = per_value[indices] if len(per_value) else np.zeros(len(column), np.int64)
+    elif pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        values = column.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        routes = routes_for(hash_ints(values), peers)
     else:
-        values = column.fill_null(0).to_numpy(zero_copy_only=False)
-        routes = routes_for(stable_hash(values), peers)
+        routes = routes_for(hash_strings(column.cast(pa.string())), peers)
     if column.null_count:
-        routes = np.where(column.is_null().to_numpy(zero_copy_only=False), 0, routes)
+        routes = np.where(np.asarray(column.is_null()), 0, routes)
     return routes
 
 

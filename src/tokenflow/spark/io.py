@@ -27,7 +27,8 @@ class InputError(ValueError):
 
 
 def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: int) -> np.ndarray:
-    """The ``column`` of ``batch`` as int64 times (timestamps become ms since the Unix epoch).
+    """The ``column`` of ``batch`` as int64 times (timestamps become ms since the Unix epoch,
+    floored).
 
     Raises:
         InputError: for a missing column, a non-integer type, or a null (naming the row).
@@ -42,7 +43,11 @@ def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: 
                          f"{first_row + row}")
     kind = array.type
     if pa.types.is_timestamp(kind):
-        array = array.cast(pa.timestamp("ms", tz=kind.tz)).cast(pa.int64())
+        # Floor to whole ms (Spark timestamps are µs; a safe cast to ms would fail on them).
+        raw = array.cast(pa.int64()).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        if kind.unit == "s":
+            return raw * 1000
+        return raw // {"ms": 1, "us": 1000, "ns": 1_000_000}[kind.unit]
     elif pa.types.is_date(kind):
         array = array.cast(pa.date64()).cast(pa.int64())
     elif not pa.types.is_integer(kind):
@@ -62,8 +67,9 @@ def arrow_source(scope: Any, batches: Iterable[pa.RecordBatch], time: str, name:
     and drops it at the end.  At most ``max_rows`` rows are read per activation.
 
     Raises:
-        InputError: a null or non-integer time, or a record later than the declared lateness
-            allows (naming input, column, row and value).
+        InputError: a null or non-integer time, a record later than the declared lateness
+            allows (checked per row, whatever the batch boundaries), or a time before the
+            first epoch 0 (naming input, column, row and value).
     """
 
     def constructor(cap: Any, info: Any) -> Any:
@@ -99,32 +105,37 @@ def arrow_source(scope: Any, batches: Iterable[pa.RecordBatch], time: str, name:
             state["row"] = first + batch.num_rows
             metrics["records_in"] = metrics.get("records_in", 0) + batch.num_rows
             times = event_times(batch, time, name, first)
-            floor = cap.time if state["max"] is not None else None
-            if lateness == 0:
-                if len(times) > 1 and (np.diff(times) < 0).any():
-                    row = int(np.flatnonzero(np.diff(times) < 0)[0]) + 1
+            # Per row, the latest time seen so far (this batch and earlier ones): a row more
+            # than ``lateness`` behind it is an error, wherever the batch boundaries fall.
+            latest_so_far = np.maximum.accumulate(times)
+            if state["max"] is not None:
+                latest_so_far = np.maximum(latest_so_far, state["max"])
+            late = np.flatnonzero(times < latest_so_far - lateness)
+            if len(late):
+                row = int(late[0])
+                if lateness == 0:
                     raise InputError(
                         f"input {name!r}: column {time!r} is not sorted at row {first + row}: "
-                        f"{times[row]} after {times[row - 1]} (declare lateness= to allow this)")
-            else:
+                        f"{times[row]} after {latest_so_far[row]} (declare lateness= to allow this)")
+                raise InputError(
+                    f"input {name!r}: column {time!r} at row {first + row} has value "
+                    f"{int(times[row])}, more than lateness={lateness} behind the latest time "
+                    f"{int(latest_so_far[row])}")
+            if int(times.min()) < cap.time:  # only before the first time (e.g. negative times)
+                row = int(np.argmin(times))
+                raise InputError(
+                    f"input {name!r}: column {time!r} at row {first + row} has value "
+                    f"{int(times[row])}, before the source's first time {cap.time}")
+            if lateness:
                 order = np.argsort(times, kind="stable")
                 if (order != np.arange(len(order))).any():
                     batch = batch.take(pa.array(order))
                     times = times[order]
-            if floor is not None and times[0] < floor:
-                row = int(np.flatnonzero(times < floor)[0])
-                raise InputError(
-                    f"input {name!r}: row near {first + row} has {time}={int(times[row])}, "
-                    f"earlier than {floor} (more than lateness={lateness} behind the latest time)")
             bounds = np.flatnonzero(np.diff(times)) + 1
             starts = np.concatenate(([0], bounds))
             ends = np.concatenate((bounds, [len(times)]))
             for s, e in zip(starts.tolist(), ends.tolist(), strict=True):
-                t = int(times[s])
-                if t < cap.time:  # only with lateness: still covered by the token
-                    output.give_batch(cap, batch.slice(s, e - s), time=cap.time)
-                else:
-                    output.give_batch(cap, batch.slice(s, e - s), time=t)
+                output.give_batch(cap, batch.slice(s, e - s), time=int(times[s]))
             latest = int(times[-1]) if state["max"] is None else max(state["max"], int(times[-1]))
             state["max"] = latest
             target = latest - lateness
