@@ -2,7 +2,8 @@
 
 * Every row arrives exactly once (same values, same epoch), all rows with the same key land on
   one worker, and that worker is the one an independent per-value routing says: the documented
-  hash (SplitMix64 finalizer of the int64 value, or of FNV-1a 64 over the UTF-8 bytes) written
+  hash (SplitMix64 finalizer of the int64 value, or of a multiply-xor over 8-byte words of the
+  UTF-8 bytes) written
   here in plain Python, ``% peers`` (nulls to worker 0) — for int64 and string key columns with
   nulls, on 1–4 workers of the thread runtime.
 * The routing is stable across processes: ``column_routes`` of a string column computed in two
@@ -55,10 +56,11 @@ def _mix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _fnv1a(data: bytes) -> int:
-    h = 0xCBF29CE484222325
-    for byte in data:
-        h = ((h ^ byte) * 0x100000001B3) & MASK
+def _string_hash(data: bytes) -> int:
+    h = 0xCBF29CE484222325 ^ len(data)
+    for k in range(0, len(data), 8):
+        word = int.from_bytes(data[k : k + 8].ljust(8, b"\0"), "little")
+        h = ((h ^ word) * 0x100000001B3) & MASK
     return h
 
 
@@ -70,7 +72,7 @@ def reference_route(value: Any, peers: int) -> int:
     if isinstance(value, int):
         h = _mix64(value & MASK)
     else:
-        h = _mix64(_fnv1a(str(value).encode()))
+        h = _mix64(_string_hash(str(value).encode()))
     return h % peers
 
 

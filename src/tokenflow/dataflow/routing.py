@@ -5,7 +5,8 @@ Source: DESIGN.md ("Data plane": "Exchange routes by a stable hash, never Python
 for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
 
 * integers (``int`` keys, integer columns): ``mix64(value as uint64)``;
-* strings and bytes: ``mix64(FNV-1a 64 of the UTF-8 bytes)``;
+* strings and bytes: a multiply-xor over the UTF-8 bytes in 8-byte words, then ``mix64``
+  (``hash_strings``);
 * anything else: the string hash of ``str(key)``;
 
 where ``mix64`` is the SplitMix64 finalizer (so ``hash % peers`` spreads evenly).  Strings are
@@ -24,6 +25,8 @@ import pyarrow as pa
 FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 FNV_PRIME = np.uint64(0x100000001B3)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+_KEEP = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], dtype=np.uint64)
+"""``_KEEP[r]`` keeps the low ``r`` bytes of a word."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -39,7 +42,13 @@ def mix64(x: np.ndarray) -> np.ndarray:
 
 
 def hash_strings(array: pa.Array) -> np.ndarray:
-    """``mix64(FNV-1a 64)`` of each value's bytes for an Arrow string/binary array (nulls → 0)."""
+    """Hashes of an Arrow string/binary array's values (nulls → 0).
+
+    For value bytes ``b``: ``h = FNV_OFFSET ^ len(b)``; for each 8-byte little-endian word
+    ``w`` of ``b`` (the last one zero-padded): ``h = (h ^ w) * FNV_PRIME mod 2**64``; the
+    result is ``mix64(h)``.  Vectorized: one gather per 8-byte position over the values still
+    that long (values sorted by length so those form a prefix).
+    """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     n = len(array)
@@ -50,21 +59,30 @@ def hash_strings(array: pa.Array) -> np.ndarray:
     buffers = array.buffers()
     offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
     offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
-    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
-            else np.zeros(0, np.uint8))
+    raw = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+           else np.zeros(0, np.uint8))
     starts = offsets[:-1]
     lengths = offsets[1:] - starts
-    order = np.argsort(-lengths, kind="stable")  # longest first: active lanes form a prefix
+    data = np.zeros(int(offsets[-1]) + 8, dtype=np.uint8)  # zero tail: reads past the end
+    data[: int(offsets[-1]) - int(offsets[0])] = raw[int(offsets[0]) : int(offsets[-1])]
+    starts = starts - offsets[0]
+    words = (lengths + 7) // 8
+    order = np.argsort(-words, kind="stable")  # most words first: active lanes are a prefix
     starts_sorted = starts[order]
     lengths_sorted = lengths[order]
-    h = np.full(n, FNV_OFFSET, dtype=np.uint64)
-    longest = int(lengths_sorted[0]) if n else 0
-    # active[k] = number of values longer than k
-    active = np.searchsorted(-lengths_sorted, -np.arange(longest), side="left")
+    words_sorted = words[order]
+    h = FNV_OFFSET ^ lengths_sorted.astype(np.uint64)
+    most = int(words_sorted[0])
+    active = np.searchsorted(-words_sorted, -np.arange(most), side="left")
+    # element p of ``unaligned`` is the little-endian uint64 of bytes p..p+7
+    unaligned = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     with np.errstate(over="ignore"):
-        for k in range(longest):
+        for k in range(most):
             m = int(active[k])
-            h[:m] ^= data[starts_sorted[:m] + k]
+            word = unaligned[starts_sorted[:m] + 8 * k]
+            left = np.minimum(lengths_sorted[:m] - 8 * k, 8)
+            word &= _KEEP[left]
+            h[:m] ^= word
             h[:m] *= FNV_PRIME
     out[order] = mix64(h)
     if array.null_count:
@@ -125,22 +143,35 @@ def _string_like(dtype: pa.DataType) -> bool:
     )
 
 
-def column_routes(column: pa.Array | pa.ChunkedArray, peers: int) -> np.ndarray:
+def column_routes(column: pa.Array | pa.ChunkedArray, peers: int,
+                  cache: dict[Any, int] | None = None) -> np.ndarray:
     """Worker index per row of an Arrow column, vectorized (nulls route to worker 0).
 
-    String and binary columns are dictionary-encoded first so each distinct value is hashed
-    once; integer columns hash their values; other types hash their string form.
+    String and binary columns are hashed with ``hash_strings`` (small columns look their
+    values up in ``cache``, a value → worker map the caller keeps across batches); integer
+    columns hash their values; other types hash their string form.
     """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     kind = column.type
     if _string_like(kind):
-        encoded = column.dictionary_encode()
-        per_value = routes_for(hash_strings(encoded.dictionary), peers)
-        indices = encoded.indices.fill_null(0).to_numpy(zero_copy_only=False)
-        routes = per_value[indices] if len(per_value) else np.zeros(len(column), np.int64)
+        if cache is not None and len(column) <= 64:
+            values = column.to_pylist()
+            known = list(map(cache.get, values))
+            if None in known:
+                missing = [i for i, r in enumerate(known) if r is None and values[i] is not None]
+                if missing:
+                    fresh = routes_for(hash_strings(column.take(pa.array(missing))), peers)
+                    if len(cache) > 1 << 20:
+                        cache.clear()
+                    for i, r in zip(missing, fresh.tolist(), strict=True):
+                        cache[values[i]] = known[i] = r
+                known = [0 if r is None else r for r in known]
+            return np.array(known, dtype=np.int64)
+        routes = routes_for(hash_strings(column), peers)
     elif pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        values = column.fill_null(0).cast(pa.int64()).to_numpy(zero_copy_only=False)
+        ints = column.fill_null(0) if column.null_count else column
+        values = ints.cast(pa.int64()).to_numpy(zero_copy_only=False)
         routes = routes_for(hash_ints(values), peers)
     else:
         routes = routes_for(hash_strings(column.cast(pa.string())), peers)
@@ -207,12 +238,17 @@ def partition_list(batch: list[Any], routes: list[int], peers: int) -> Iterator[
 
 def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tuple[int, Any]]:
     """Split an Arrow batch by ``routes`` into ``(worker, part)`` pairs (non-empty only)."""
-    order = np.argsort(routes, kind="stable")
     counts = np.bincount(routes, minlength=peers)
     if (counts == len(batch)).any():
         yield int(np.argmax(counts)), batch
         return
-    reordered = batch.take(pa.array(order))
+    if peers <= 8:  # one vectorized selection per worker
+        for worker in range(peers):
+            if counts[worker]:
+                yield worker, batch.take(np.flatnonzero(routes == worker))
+        return
+    order = np.argsort(routes, kind="stable")
+    reordered = batch.take(order)
     start = 0
     for worker in range(peers):
         c = int(counts[worker])
@@ -238,7 +274,8 @@ def partition_batch(
             if column not in batch.schema.names:
                 raise KeyError(f"exchange column {column!r} not in batch columns "
                                f"{batch.schema.names}")
-            routes = column_routes(batch.column(column), peers)
+            routes = column_routes(batch.column(column), peers,
+                                   router._cache if router is not None else None)
         else:
             rows = batch.to_pylist()
             routes = routes_for(stable_hash(rows if key is None else [key(r) for r in rows]), peers)

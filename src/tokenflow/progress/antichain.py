@@ -5,6 +5,8 @@ Source: progress-tracking-notes.md ("Per-Port Information"); timely's ``progress
 
 from __future__ import annotations
 
+import heapq
+
 from collections.abc import Iterable, Iterator
 from typing import Any
 
@@ -92,13 +94,19 @@ class MutableAntichain:
     ``update_iter`` applies ``(time, diff)`` updates (counts may go transiently negative; only
     positive counts shape the frontier) and returns the frontier's changes as ``(time, ±1)``.
     Source: timely's ``MutableAntichain``.
+
+    For integer times (a total order) a min-heap of the times that became positive finds the
+    next frontier element in O(log n), so holding many pending times stays cheap; partially
+    ordered times rebuild the frontier from all positive counts.
     """
 
-    __slots__ = ("_counts", "_frontier")
+    __slots__ = ("_counts", "_frontier", "_heap")
 
     def __init__(self) -> None:
         self._counts: dict[Any, int] = {}
         self._frontier: list[Any] = []
+        # Times that became positive (lazily pruned); None once a non-int time was seen.
+        self._heap: list[int] | None = []
 
     @staticmethod
     def new_bottom(bottom: Any) -> MutableAntichain:
@@ -106,7 +114,16 @@ class MutableAntichain:
         m = MutableAntichain()
         m._counts[bottom] = 1
         m._frontier.append(bottom)
+        m._became_positive(bottom)
         return m
+
+    def _became_positive(self, time: Any) -> None:
+        heap = self._heap
+        if heap is not None:
+            if time.__class__ is int:
+                heapq.heappush(heap, time)
+            else:
+                self._heap = None
 
     def frontier(self) -> list[Any]:
         """The minimal elements with positive count (a fresh list)."""
@@ -144,11 +161,14 @@ class MutableAntichain:
         for time, diff in updates:
             if not diff:
                 continue
-            count = counts.get(time, 0) + diff
+            old = counts.get(time, 0)
+            count = old + diff
             if count:
                 counts[time] = count
             else:
                 del counts[time]
+            if count > 0 >= old:
+                self._became_positive(time)
             if rebuild:
                 continue
             if diff > 0:
@@ -161,17 +181,15 @@ class MutableAntichain:
         return self._rebuild() if rebuild else []
 
     def _rebuild(self) -> list[tuple[Any, int]]:
-        positive = [t for t, c in self._counts.items() if c > 0]
-        if not positive:
-            new_frontier: list[Any] = []
-        elif positive[0].__class__ is int:
-            new_frontier = [min(positive)]  # total order: a single minimum
+        heap = self._heap
+        new_frontier: list[Any]
+        if heap is not None:
+            counts = self._counts
+            while heap and counts.get(heap[0], 0) <= 0:
+                heapq.heappop(heap)
+            new_frontier = [heap[0]] if heap else []
         else:
-            positive.sort()  # a total order extending the partial order
-            new_frontier = []
-            for t in positive:
-                if not any(less_equal(f, t) for f in new_frontier):
-                    new_frontier.append(t)
+            new_frontier = self._minimal_positive()
         old = self._frontier
         self._frontier = new_frontier
         if old == new_frontier:
@@ -179,6 +197,16 @@ class MutableAntichain:
         changes = [(t, -1) for t in old if t not in new_frontier]
         changes.extend((t, 1) for t in new_frontier if t not in old)
         return changes
+
+    def _minimal_positive(self) -> list[Any]:
+        positive = [t for t, c in self._counts.items() if c > 0]
+        new_frontier: list[Any] = []
+        if positive:
+            positive.sort()  # a total order extending the partial order
+            for t in positive:
+                if not any(less_equal(f, t) for f in new_frontier):
+                    new_frontier.append(t)
+        return new_frontier
 
     def update(self, time: Any, diff: int) -> list[tuple[Any, int]]:
         """Apply one update; same result as ``update_iter([(time, diff)])``, faster."""
@@ -195,6 +223,7 @@ class MutableAntichain:
         if diff > 0:
             if old > 0 or count <= 0:
                 return []
+            self._became_positive(time)
             for f in frontier:
                 if less_equal(f, time):
                     return []
