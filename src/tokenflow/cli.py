@@ -27,6 +27,19 @@ time.
 
 Exit codes: 0 success; 1 a worker (named in the one-line message) or the runtime failed;
 2 bad usage, including a ``MODULE:FUNCTION`` that cannot be loaded.
+
+NEXMark (source: /work/shared/NEXMARK.md; ``tokenflow.nexmark``)::
+
+    tokenflow nexmark generate --events N [--rate R] --output DIR
+    tokenflow nexmark query --query qN [--events N] [--rate R] [--workers W] [--runtime R]
+                            [--master URL] [--output DIR] [--granularity MS] [--lag EPOCHS]
+    tokenflow nexmark --query qN ...          (the same as ``nexmark query``)
+
+``generate`` writes events ``[0, N)`` as ``DIR/person``, ``DIR/auction`` and ``DIR/bid`` (one
+Parquet file each, Beam's field names) and prints the rows per kind.  ``query`` runs a query
+(``tokenflow.nexmark.run.run_query``) and prints its output rows, job seconds, events/s and
+the per-epoch latency p50/p99 in ms; with ``--output`` the workers write the result as a
+Parquet dataset.  An unknown query exits 2 naming the available ones.
 """
 
 from __future__ import annotations
@@ -318,6 +331,110 @@ def _summary(out: Console, outcome: dict[str, Any], snapshot: dict[int, dict[str
         if len(text) > RESULT_CHARS:
             text = text[:RESULT_CHARS - 1] + "…"
         out.print(Text(f"worker {i}: {text}"))
+
+
+# -- nexmark ------------------------------------------------------------------------------------
+
+nexmark_app = typer.Typer(add_completion=False,
+                          help="NEXMark: generate events, run queries (see NEXMARK.md).")
+app.add_typer(nexmark_app, name="nexmark")
+
+QueryOption = Annotated[str | None, typer.Option("--query", "-q", help="Query name (q0, q1, ...).")]
+EventsOption = Annotated[int, typer.Option("--events", "-n", min=0, help="Number of events.")]
+RateOption = Annotated[int, typer.Option("--rate", min=1, help="Events per second of event time.")]
+WorkersOption = Annotated[int, typer.Option("--workers", "-w", min=1, help="Number of workers.")]
+RuntimeOption = Annotated[Runtime, typer.Option("--runtime", "-r", help="Where workers run.")]
+MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (spark only; default local[W]).")]
+GranularityOption = Annotated[int, typer.Option("--granularity", min=1,
+                                                help="Epoch length in ms of event time.")]
+LagOption = Annotated[int, typer.Option("--lag", min=1, help="Epochs a worker keeps in flight.")]
+
+
+@nexmark_app.callback(invoke_without_command=True)
+def _nexmark(ctx: typer.Context, query: QueryOption = None, events: EventsOption = 100_000,
+             rate: RateOption = 10_000, workers: WorkersOption = 2,
+             runtime: RuntimeOption = Runtime.thread, master: MasterOption = None,
+             output: Annotated[Path | None, typer.Option(help="Write the output as Parquet here.")
+                               ] = None,
+             granularity: GranularityOption = 1000, lag: LagOption = 4) -> None:
+    """NEXMark: `generate` events or run a `query` (also: `tokenflow nexmark --query qN ...`)."""
+    if ctx.invoked_subcommand is not None:
+        return
+    if query is None:
+        typer.echo(ctx.get_help())
+        raise typer.Exit(0)
+    nexmark_query(query, events, rate, workers, runtime, master, output, granularity, lag)
+
+
+@nexmark_app.command("generate")
+def nexmark_generate(
+    events: Annotated[int, typer.Option("--events", "-n", min=0, help="Number of events.")],
+    output: Annotated[Path, typer.Option(help="Directory for person/, auction/ and bid/.")],
+    rate: RateOption = 10_000,
+) -> None:
+    """Write events [0, N) as Parquet: DIR/person, DIR/auction, DIR/bid (Beam's field names)."""
+    from tokenflow.nexmark import write_parquet
+
+    start = time.perf_counter()
+    try:
+        counts = write_parquet(output, events, rate=rate)
+    except OSError as exc:
+        _fail(f"cannot write {str(output)!r}: {exc}", 1)
+    seconds = time.perf_counter() - start
+    out = Console(highlight=False, soft_wrap=True)
+    out.print(f"{events:,} events at {rate:,} events/s of event time -> {output} "
+              f"({seconds:.2f} s)")
+    for kind, count in counts.items():
+        out.print(f"  {kind}: {count:,} rows -> {output / kind}")
+
+
+@nexmark_app.command("query")
+def nexmark_query(
+    query: Annotated[str, typer.Option("--query", "-q", help="Query name (q0, q1, ...).")],
+    events: EventsOption = 100_000,
+    rate: RateOption = 10_000,
+    workers: WorkersOption = 2,
+    runtime: RuntimeOption = Runtime.thread,
+    master: MasterOption = None,
+    output: Annotated[Path | None, typer.Option(help="Write the output as Parquet here.")] = None,
+    granularity: GranularityOption = 1000,
+    lag: LagOption = 4,
+) -> None:
+    """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows."""
+    from tokenflow.nexmark.queries import load
+    from tokenflow.nexmark.run import run_query
+
+    try:
+        load(query)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    if master is not None and runtime is not Runtime.spark:
+        _fail("--master applies to --runtime spark only", 2)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    if runtime is Runtime.spark:
+        master = master or f"local[{workers}]"
+        startup = _start_spark(master, err, quiet=False)
+        out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
+    try:
+        result = run_query(query, events, rate=rate, workers=workers, runtime=runtime.value,
+                           master=master, output=output, granularity_ms=granularity, lag=lag)
+    except WorkerError as exc:
+        _fail(worker_error_line(exc), 1)
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    finally:
+        if runtime is Runtime.spark:
+            from tokenflow.spark.session import stop_session
+
+            stop_session()
+    out.print(f"{query}: {events:,} events at {rate:,}/s of event time, {runtime.value}, "
+              f"{workers} workers: {result.seconds:.3f} s, {result.events_per_second:,.0f} events/s")
+    out.print(f"latency per epoch ({granularity} ms of event time, {len(result.latencies_ms)} "
+              f"epochs, lag {lag}): p50 {result.latency_p50_ms:.1f} ms, "
+              f"p99 {result.latency_p99_ms:.1f} ms")
+    written = f" (Parquet dataset: {result.output})" if result.output else ""
+    out.print(f"output: {len(result.rows):,} rows, columns {', '.join(result.rows.columns)}{written}")
 
 
 def _fail(message: str, code: int) -> NoReturn:

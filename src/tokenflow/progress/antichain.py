@@ -6,7 +6,6 @@ Source: progress-tracking-notes.md ("Per-Port Information"); timely's ``progress
 from __future__ import annotations
 
 import heapq
-
 from collections.abc import Iterable, Iterator
 from typing import Any
 
