@@ -45,10 +45,12 @@ def encode_message(channel: int, message: Any) -> list[bytes | memoryview | pa.B
     if isinstance(message, tuple) and len(message) == 2 and isinstance(message[1], pa.RecordBatch):
         time, batch = message
         time_bytes = pickle.dumps(time, protocol=5)
-        sink = pa.BufferOutputStream()
-        with pa.ipc.new_stream(sink, batch.schema) as writer:
+        mock = pa.MockOutputStream()  # measure first, then write once into an exact buffer
+        with pa.ipc.new_stream(mock, batch.schema) as writer:
             writer.write_batch(batch)
-        body = sink.getvalue()
+        body = pa.allocate_buffer(mock.size())
+        with pa.ipc.new_stream(pa.FixedSizeBufferWriter(body), batch.schema) as writer:
+            writer.write_batch(batch)
         prefix = _TIME_LEN.pack(len(time_bytes)) + time_bytes
         header = HEADER.pack(MAGIC, KIND_ARROW, 0, channel, len(prefix) + body.size)
         return [header + prefix, body]

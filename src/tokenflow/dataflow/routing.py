@@ -57,7 +57,7 @@ def hash_strings(array: pa.Array) -> np.ndarray:
         return out
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     buffers = array.buffers()
-    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
+    offsets: np.ndarray = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
     offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
     raw = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
            else np.zeros(0, np.uint8))
@@ -67,13 +67,13 @@ def hash_strings(array: pa.Array) -> np.ndarray:
     data[: int(offsets[-1]) - int(offsets[0])] = raw[int(offsets[0]) : int(offsets[-1])]
     starts = starts - offsets[0]
     words = (lengths + 7) // 8
-    order = np.argsort(-words, kind="stable")  # most words first: active lanes are a prefix
+    order = np.argsort(np.negative(words), kind="stable")  # most words first: active lanes are a prefix
     starts_sorted = starts[order]
     lengths_sorted = lengths[order]
     words_sorted = words[order]
     h = FNV_OFFSET ^ lengths_sorted.astype(np.uint64)
     most = int(words_sorted[0])
-    active = np.searchsorted(-words_sorted, -np.arange(most), side="left")
+    active = np.searchsorted(np.negative(words_sorted), np.negative(np.arange(most)), side="left")
     # element p of ``unaligned`` is the little-endian uint64 of bytes p..p+7
     unaligned = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     with np.errstate(over="ignore"):

@@ -1,0 +1,208 @@
+"""NEXMark Q8: monitor new users — persons who registered and created an auction in the same
+tumbling 10 s window.
+
+Source: /work/shared/NEXMARK.md ("Q8 persons who created auctions in the same tumbling 10 s
+window → (id, name, window start)"); Beam's ``Query8``.
+
+Output ``COLUMNS``: ``window_start, window_end, id, name`` — distinct rows; ``window_start`` and
+``window_end`` in ms since the Unix epoch (``int64``), the window being
+``[window_start, window_end)``, ``window_end = window_start + 10_000``; windows are aligned to
+the Unix epoch (``window_start % 10_000 == 0``).  A person ``(id, name)`` is reported for a
+window when its ``person.dateTime`` and the ``dateTime`` of at least one auction with
+``auction.seller == id`` both fall in the window.
+
+Dataflow: ``Q8Persons`` projects persons to ``(id, name, dateTime)`` and ``Q8Auctions``
+auctions to ``(seller, dateTime)``; ``Q8Join`` receives persons exchanged by ``id`` and
+auctions by ``seller`` (``Exchange(column=...)``).  Records go to windows by their ``dateTime``
+column (not by message time; a message's time must be ``<=`` the ``dateTime`` of its rows, as
+``nexmark_source`` guarantees).  ``WindowState`` keeps, per open window, the persons' Arrow
+rows and the sellers' ids; the operator holds one token per open window, at its end (taken
+with ``ref.delayed(end)`` from the window's first message, as ``window.py`` does), and once
+neither input frontier is before the end it emits the window's persons whose id is among its
+sellers (``pyarrow.compute.is_in``) at logical time ``window_end``, drops the token and the
+window's state.  Windows are retired in order of their ends, several per activation when the
+frontiers jump.
+"""
+
+from __future__ import annotations
+
+import heapq
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from tokenflow.dataflow.capability import Capability
+from tokenflow.dataflow.channels import Exchange
+from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
+from tokenflow.dataflow.operators.generic import OperatorInfo, binary
+from tokenflow.dataflow.stream import Stream
+from tokenflow.nexmark.generator import GeneratorConfig
+
+COLUMNS: list[str] = ["window_start", "window_end", "id", "name"]
+SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.int64()),
+                               ("id", pa.int64()), ("name", pa.utf8())])
+WINDOW_MS = 10_000
+"""Tumbling window length in ms."""
+
+# Spark's ``window`` (aligned to the Unix epoch, session time zone UTC) assigns the windows
+# independently of the dataflow's arithmetic.
+SPARK_SQL = """
+SELECT DISTINCT unix_millis(p.w.start) AS window_start, unix_millis(p.w.end) AS window_end,
+       p.id, p.name
+FROM (SELECT id, name, window(timestamp_millis(dateTime), '10 seconds') AS w FROM person) p
+JOIN (SELECT seller, window(timestamp_millis(dateTime), '10 seconds') AS w FROM auction) a
+  ON p.id = a.seller AND p.w.start = a.w.start
+"""
+
+PERSON_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.utf8())])
+
+
+class WindowState:
+    """The ``Q8Join`` state of one worker: the open windows' persons and sellers.
+
+    Attributes:
+        persons: window end (ms) -> Arrow batches of ``(id, name)`` of persons registered in
+            the window (this worker's keys).
+        sellers: window end (ms) -> ``int64`` arrays of the sellers of auctions created in
+            the window.
+
+    The operator's tokens (one per open window, at its end) are not part of the state: they
+    follow from its keys (``snapshot()["windows"]``); an operator restoring a snapshot must
+    hold a token at or before the earliest of them to re-create them.
+    """
+
+    def __init__(self, size: int = WINDOW_MS) -> None:
+        self.size = size
+        self.persons: dict[int, list[pa.RecordBatch]] = {}
+        self.sellers: dict[int, list[np.ndarray]] = {}
+
+    def windows(self, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """The distinct window ends of event ``times`` (ms) and, per end, the rows in it."""
+        if len(times) == 0:
+            return np.empty(0, dtype=np.int64), []
+        ends = times - times % self.size + self.size
+        first = int(ends[0])
+        if (ends == first).all():
+            return np.array([first]), [np.arange(len(ends))]
+        unique, inverse = np.unique(ends, return_inverse=True)
+        order = np.argsort(inverse, kind="stable")
+        bounds = np.cumsum(np.bincount(inverse, minlength=len(unique)))[:-1]
+        return unique, np.split(order, bounds)
+
+    def add_persons(self, end: int, rows: pa.RecordBatch) -> None:
+        self.persons.setdefault(end, []).append(rows)
+
+    def add_sellers(self, end: int, sellers: np.ndarray) -> None:
+        self.sellers.setdefault(end, []).append(sellers)
+
+    def close(self, end: int) -> pa.RecordBatch:
+        """Forget the window ending at ``end``; its output rows (``SCHEMA``, distinct by
+        ``(id, name)``)."""
+        persons = self.persons.pop(end, [])
+        sellers = self.sellers.pop(end, [])
+        if not persons or not sellers:
+            return _empty()
+        table = pa.Table.from_batches(persons, schema=PERSON_SCHEMA)
+        value_set = pa.array(np.unique(np.concatenate(sellers)))
+        found = table.filter(pc.is_in(table.column("id"), value_set=value_set))
+        if found.num_rows > 1:
+            ids = found.column("id").to_numpy()
+            if len(np.unique(ids)) < len(ids):  # a repeated id: distinct (id, name) rows
+                found = found.group_by(["id", "name"], use_threads=False).aggregate([]) \
+                    .select(["id", "name"])
+        n = found.num_rows
+        return pa.RecordBatch.from_arrays(
+            [pa.array(np.full(n, end - self.size, dtype=np.int64)),
+             pa.array(np.full(n, end, dtype=np.int64)),
+             found.column("id").combine_chunks(), found.column("name").combine_chunks()],
+            schema=SCHEMA)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The state as plain data: ``{"size": ms, "windows": [ends], "persons": {end:
+        Table(id, name)}, "sellers": {end: int64 array}}`` (safe to pickle)."""
+        ends = sorted(set(self.persons) | set(self.sellers))
+        return {
+            "size": self.size,
+            "windows": ends,
+            "persons": {e: pa.Table.from_batches(self.persons[e], schema=PERSON_SCHEMA)
+                        for e in self.persons},
+            "sellers": {e: np.concatenate(self.sellers[e]) for e in self.sellers},
+        }
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replace the state by a ``snapshot()``."""
+        self.size = snapshot["size"]
+        self.persons = {e: t.combine_chunks().to_batches() or [] for e, t in snapshot["persons"].items()}
+        self.sellers = {e: [np.asarray(a, dtype=np.int64)] for e, a in snapshot["sellers"].items()}
+
+
+def _empty() -> pa.RecordBatch:
+    return pa.RecordBatch.from_pylist([], schema=SCHEMA)
+
+
+def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "Q8Join",
+         states: list[WindowState] | None = None) -> Stream:
+    """The windowed join of ``persons`` ``(id, name, dateTime)`` and ``auctions``
+    ``(seller, dateTime)`` (see the module docstring); ``states`` receives this worker's
+    ``WindowState`` when given."""
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        capability.drop()  # only open windows hold tokens
+        state = WindowState(size)
+        if states is not None:
+            states.append(state)
+        tokens: dict[int, Capability] = {}  # window end -> token at that end
+        ends: list[int] = []  # heap of the keys of ``tokens``
+
+        def open_windows(ref: Any, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+            unique, rows = state.windows(times)
+            for end in unique.tolist():
+                if end not in tokens:
+                    tokens[end] = ref.delayed(end)
+                    heapq.heappush(ends, end)
+            return unique, rows
+
+        def logic(person_in: OperatorInput, auction_in: OperatorInput, output: OperatorOutput) -> None:
+            for ref, batch in person_in:
+                unique, rows = open_windows(ref, batch.column("dateTime").to_numpy())
+                people = batch.select(PERSON_SCHEMA.names)
+                if len(unique) == 1:
+                    state.add_persons(int(unique[0]), people)
+                else:
+                    for end, index in zip(unique.tolist(), rows, strict=True):
+                        state.add_persons(end, people.take(pa.array(index)))
+            for ref, batch in auction_in:
+                unique, rows = open_windows(ref, batch.column("dateTime").to_numpy())
+                sellers = batch.column("seller").to_numpy()
+                for end, index in zip(unique.tolist(), rows, strict=True):
+                    state.add_sellers(end, sellers[index])
+            f1, f2 = person_in.frontier, auction_in.frontier
+            while ends and not f1.less_than(ends[0]) and not f2.less_than(ends[0]):
+                end = heapq.heappop(ends)
+                cap = tokens.pop(end)
+                out = state.close(end)
+                if out.num_rows:
+                    output.give_batch(cap, out)
+                cap.drop()
+
+        return logic
+
+    return binary(persons, auctions, Exchange(column="id"), Exchange(column="seller"), name,
+                  constructor, notify=True)
+
+
+def build(streams: dict[str, Stream], config: GeneratorConfig,
+          states: list[WindowState] | None = None) -> Stream:
+    """Persons with an auction in the same 10 s window (``COLUMNS``, at time ``window_end``)."""
+
+    def project_persons(batch: Any) -> pa.RecordBatch:
+        return batch.select(["id", "name", "dateTime"])
+
+    def project_auctions(batch: Any) -> pa.RecordBatch:
+        return batch.select(["seller", "dateTime"])
+
+    persons = streams["person"].map_batch(project_persons, name="Q8Persons")
+    auctions = streams["auction"].map_batch(project_auctions, name="Q8Auctions")
+    return join(persons, auctions, states=states)

@@ -1,0 +1,321 @@
+"""Run a NEXMark query as a tokenflow job, measure it, and compute its Spark SQL reference.
+
+Source: /work/shared/NEXMARK.md (generator, queries, the published events/s anchors);
+``tokenflow.nexmark.queries`` (the query modules).
+
+``run_query`` drives three ``InputHandle``s (person, auction, bid) per worker, one *epoch* of
+``granularity_ms`` event time at a time: epoch ``t`` (a multiple of ``granularity_ms``, ms since
+the Unix epoch) holds the events with ``t <= dateTime < t + granularity_ms``, sent at logical
+time ``t``.  Each worker generates its share of the events itself (generation is part of the
+measured time, as in the published anchors): consecutive epochs are grouped into chunks of at
+least ``workers * MIN_BLOCK`` events, and worker ``w`` generates the ``w``-th of ``workers``
+contiguous slices of each chunk in one vectorized ``generate`` call.
+
+Per epoch ``t`` every worker records the wall time (``time.time()``, s) when it has sent all its
+input of the epoch (its inputs advanced past ``t``) and when a probe on the query output first
+shows the output frontier past ``t`` (no more output at times ``<= t`` can appear).  The epoch's
+latency is ``max over workers(passed) - max over workers(sent)``, in ms.  A worker keeps at most
+``lag`` of its epochs in flight (sent but not passed), stepping the dataflow before sending more,
+so under full load an epoch's latency includes waiting behind up to ``lag - 1`` others.  For a
+windowed query, whose rows carry their window's end time, an epoch passes as soon as no output
+at or before it can appear, which is before the window holding it closes.  The probe is checked
+between epochs, so a worker busy generating its next chunk records a passing late.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import time
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from tokenflow.nexmark.generator import KINDS, GeneratorConfig, generate, write_parquet
+from tokenflow.nexmark.queries import load
+
+MIN_BLOCK = 5_000
+"""Fewest events a worker generates per ``generate`` call (smaller calls cost more per event)."""
+
+
+@dataclass
+class QueryResult:
+    """What ``run_query`` measured.
+
+    Attributes:
+        query: the query name (``q0`` ...).
+        events: events generated (all kinds, all workers).
+        workers, runtime: how the job ran.
+        rows: the query output (columns ``COLUMNS`` of the query), sorted by all columns.
+        seconds: job seconds: from the first worker starting to send input to the last
+            worker seeing its output frontier empty (wall clock; excludes starting processes
+            or Spark tasks and building the dataflow).
+        events_per_second: ``events / seconds``.
+        latency_p50_ms, latency_p99_ms: percentiles of the per-epoch latencies (NaN without
+            epochs).
+        latencies_ms: per epoch (in time order), ms from the epoch's input fully sent to the
+            output frontier passing it.
+        epoch_times: the epochs' logical times (ms since the Unix epoch).
+        granularity_ms: the epoch length in ms of event time.
+        output: the Parquet dataset directory, when one was written.
+    """
+
+    query: str
+    events: int
+    workers: int
+    runtime: str
+    rows: pd.DataFrame
+    seconds: float
+    events_per_second: float
+    latency_p50_ms: float
+    latency_p99_ms: float
+    latencies_ms: list[float] = field(default_factory=list)
+    epoch_times: list[int] = field(default_factory=list)
+    granularity_ms: int = 1000
+    output: str | None = None
+
+
+def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> list[tuple[int, int, int]]:
+    """``(t, first, end)`` for every non-empty epoch: the events ``[first, end)`` have
+    ``t <= dateTime < t + granularity_ms``; ``t`` is a multiple of ``granularity_ms``.
+
+    Raises:
+        ValueError: for ``events < 0`` or ``granularity_ms <= 0``.
+    """
+    if events < 0:
+        raise ValueError(f"events must be >= 0, got {events}")
+    if granularity_ms <= 0:
+        raise ValueError(f"granularity_ms must be > 0, got {granularity_ms}")
+    if events == 0:
+        return []
+    delay_us = config.inter_event_delay_us
+    base = config.base_time_ms
+
+    def first_at(t: int) -> int:  # the least n with timestamp(n) >= t
+        if t <= base:
+            return 0
+        return min(events, -(-(t - base) * 1000 // delay_us))
+
+    first_time = int(config.timestamp(0))
+    last_time = int(config.timestamp(events - 1))
+    plan = []
+    for t in range(first_time - first_time % granularity_ms, last_time + 1, granularity_ms):
+        lo, hi = first_at(t), first_at(t + granularity_ms)
+        if hi > lo:
+            plan.append((t, lo, hi))
+    return plan
+
+
+def chunk_plan(plan: list[tuple[int, int, int]], workers: int,
+               min_block: int = MIN_BLOCK) -> list[list[tuple[int, int, int]]]:
+    """Consecutive epochs of ``plan`` grouped into chunks of ``>= workers * min_block`` events
+    (the last chunk may be smaller)."""
+    chunks: list[list[tuple[int, int, int]]] = []
+    current: list[tuple[int, int, int]] = []
+    for epoch in plan:
+        current.append(epoch)
+        if current[-1][2] - current[0][1] >= workers * min_block:
+            chunks.append(current)
+            current = []
+    if current:
+        chunks.append(current)
+    return chunks
+
+
+def _epoch_slices(data: dict[str, pa.RecordBatch], epochs: list[tuple[int, int, int]],
+                  granularity_ms: int) -> Iterator[tuple[int, dict[str, pa.RecordBatch]]]:
+    """Per epoch of a chunk, this worker's rows of each kind (``dateTime``-sorted input)."""
+    bounds = np.array([t for t, _, _ in epochs] + [epochs[-1][0] + granularity_ms], dtype=np.int64)
+    cuts = {kind: np.searchsorted(batch.column("dateTime").to_numpy(), bounds, side="left")
+            for kind, batch in data.items()}
+    for i, (t, _, _) in enumerate(epochs):
+        yield t, {kind: data[kind].slice(int(c[i]), int(c[i + 1] - c[i])) for kind, c in cuts.items()}
+
+
+def _clear_output(directory: str) -> None:
+    """Remove the ``time=*`` partitions of an earlier run from ``directory``."""
+    for entry in os.listdir(directory):
+        path = os.path.join(directory, entry)
+        if entry.startswith("time=") and os.path.isdir(path):
+            shutil.rmtree(path)
+
+
+def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
+              master: str | None = None, output: str | os.PathLike[str] | None = None,
+              granularity_ms: int = 1000, lag: int = 4) -> QueryResult:
+    """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s.
+
+    Args:
+        name: a query of ``tokenflow.nexmark.queries.QUERIES``.
+        events: number of events (all kinds; person:auction:bid = 1:3:46).
+        rate: events per second of event time (``GeneratorConfig.rate``); the job runs as fast
+            as it can, the rate only spaces the events' ``dateTime``.
+        workers: number of workers.
+        runtime: ``thread``, ``process`` or ``spark``.
+        master: Spark master URL (``spark`` only; default ``local[workers]``).
+        output: a directory; when given, the workers write the output as a Parquet dataset
+            ``output/time=<t>/worker-<i>.parquet`` (``tokenflow.spark.to_parquet``; ``time`` is
+            the logical time of the rows, ms; partitions of an earlier run are removed first).
+        granularity_ms: epoch length in ms of event time (the input's logical times are
+            ``dateTime`` rounded down to a multiple of it).
+        lag: epochs a worker may have in flight (>= 1).
+
+    Returns:
+        A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
+
+    Raises:
+        ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
+            ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, or ``master`` without spark.
+        WorkerError: a worker failed.
+    """
+    from tokenflow.execute import execute
+
+    module = load(name)
+    if lag < 1:
+        raise ValueError(f"lag must be >= 1 epoch, got {lag}")
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    if master is not None and runtime != "spark":
+        raise ValueError("master applies to runtime 'spark' only")
+    config = GeneratorConfig(rate=rate)
+    plan = epoch_plan(events, config, granularity_ms)
+    chunks = chunk_plan(plan, workers)
+    columns = list(module.COLUMNS)
+    directory = None
+    if output is not None:
+        directory = os.path.abspath(os.fspath(output))
+        os.makedirs(directory, exist_ok=True)
+        _clear_output(directory)
+
+    def job(worker: Any) -> dict[str, Any]:
+        from tokenflow.nexmark.queries import load as load_query
+        from tokenflow.spark.io import collect, to_parquet
+
+        query = load_query(name)
+
+        def build(scope: Any) -> Any:
+            handles, streams = {}, {}
+            for kind in KINDS:
+                handles[kind], streams[kind] = scope.new_input(f"Nexmark.{kind}")
+            out = query.build(streams, config)
+            if directory is not None:
+                to_parquet(out, directory, columns=columns, name=f"{name}.Parquet")
+            return handles, out.probe(f"{name}.Probe"), collect(out, f"{name}.Collect")
+
+        handles, probe, captured = worker.dataflow(build, name=f"nexmark-{name}")
+        w, peers = worker.index, worker.peers
+        sent: dict[int, float] = {}
+        passed: dict[int, float] = {}
+        in_flight: deque[int] = deque()
+
+        def retire() -> None:
+            now = None
+            while in_flight and not probe.less_equal(in_flight[0]):
+                now = now or time.time()
+                passed[in_flight.popleft()] = now
+
+        start = time.time()
+        for chunk in chunks:
+            lo, hi = chunk[0][1], chunk[-1][2]
+            first = lo + (hi - lo) * w // peers
+            end = lo + (hi - lo) * (w + 1) // peers
+            data = generate(first, end - first, config)
+            for t, parts in _epoch_slices(data, chunk, granularity_ms):
+                while len(in_flight) >= lag:
+                    worker.step_or_park()
+                    retire()
+                for kind, handle in handles.items():
+                    handle.advance_to(t)
+                    if parts[kind].num_rows:
+                        handle.send_batch(parts[kind])
+                for handle in handles.values():
+                    handle.advance_to(t + granularity_ms)
+                sent[t] = time.time()
+                in_flight.append(t)
+                worker.step()
+                retire()
+        for handle in handles.values():
+            handle.close()
+        while not probe.done():
+            worker.step_or_park()
+            retire()
+        retire()
+        finish = time.time()
+        batches = [b for _, b in captured.events]
+        table = None
+        if batches:
+            try:
+                table = pa.Table.from_batches(batches).combine_chunks()
+            except pa.ArrowInvalid:  # batches with slightly different schemas
+                table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
+                                         promote_options="permissive").combine_chunks()
+        return {"table": table, "sent": sent, "passed": passed, "start": start, "end": finish}
+
+    options: dict[str, Any] = {}
+    if runtime == "spark":
+        options["master"] = master
+    results = execute(job, workers=workers, runtime=runtime, **options)
+
+    seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
+    epoch_times = [t for t, _, _ in plan]
+    latencies = [
+        1000.0 * (max(r["passed"][t] for r in results) - max(r["sent"][t] for r in results))
+        for t in epoch_times
+    ]
+    tables = [r["table"] for r in results if r["table"] is not None]
+    rows = _frame(tables, columns)
+    p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies else (np.nan, np.nan)
+    return QueryResult(
+        query=name, events=events, workers=workers, runtime=runtime, rows=rows, seconds=seconds,
+        events_per_second=events / seconds if seconds > 0 else float("inf"),
+        latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
+        granularity_ms=granularity_ms, output=directory)
+
+
+def _frame(tables: list[pa.Table], columns: list[str]) -> pd.DataFrame:
+    """The rows of ``tables`` as one DataFrame with ``columns``, sorted by all of them."""
+    if not tables:
+        return pd.DataFrame({c: pd.Series([], dtype=object) for c in columns})
+    table = pa.concat_tables(tables, promote_options="permissive") if len(tables) > 1 else tables[0]
+    table = table.select(columns)
+    return table.sort_by([(c, "ascending") for c in columns]).to_pandas()
+
+
+def spark_reference(name: str, events: int, rate: int = 10_000, master: str | None = None) -> pd.DataFrame:
+    """The query's ``SPARK_SQL`` result over the same events (the independent engine).
+
+    Writes events ``[0, events)`` (``GeneratorConfig(rate=rate)``) as Parquet into a temporary
+    directory (``write_parquet``), registers the temp views ``person``, ``auction`` and
+    ``bid`` on the process's Spark session (``tokenflow.spark.session.get_session(master)``:
+    the running session, else a new one, default ``local[2]``), runs ``SPARK_SQL`` and returns
+    its rows sorted by all columns.  The views are dropped afterwards.
+
+    Raises:
+        ValueError: an unknown query.
+    """
+    from tokenflow.spark.session import get_session
+
+    module = load(name)
+    spark = get_session(master)
+    columns = list(module.COLUMNS)
+    with tempfile.TemporaryDirectory(prefix="nexmark-") as root:
+        write_parquet(root, events, rate=rate)
+        try:
+            for kind in KINDS:
+                spark.read.parquet(os.path.join(root, kind)).createOrReplaceTempView(kind)
+            frame = spark.sql(module.SPARK_SQL).toPandas()
+        finally:
+            for kind in KINDS:
+                spark.catalog.dropTempView(kind)
+    if list(frame.columns) != columns:
+        raise ValueError(f"{name}: SPARK_SQL returned columns {list(frame.columns)}, expected {columns}")
+    return frame.sort_values(columns, kind="stable").reset_index(drop=True)
+
+
+__all__ = ["MIN_BLOCK", "QueryResult", "chunk_plan", "epoch_plan", "run_query", "spark_reference"]
