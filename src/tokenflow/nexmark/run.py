@@ -148,7 +148,8 @@ def _clear_output(directory: str) -> None:
 
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
-              granularity_ms: int = 1000, lag: int = 4) -> QueryResult:
+              granularity_ms: int = 1000, lag: int = 4,
+              report_to: tuple[str, int, str] | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s.
 
     Args:
@@ -165,6 +166,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         granularity_ms: epoch length in ms of event time (the input's logical times are
             ``dateTime`` rounded down to a multiple of it).
         lag: epochs a worker may have in flight (>= 1).
+        report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -260,6 +262,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     options: dict[str, Any] = {}
     if runtime == "spark":
         options["master"] = master
+    if report_to is not None:
+        options["report_to"] = report_to
     results = execute(job, workers=workers, runtime=runtime, **options)
 
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any
 
 from tokenflow.dataflow.operators.builder import OperatorBuilder
@@ -12,10 +13,15 @@ if TYPE_CHECKING:
 
 
 class ProbeHandle:
-    """The frontier of a probed stream: lower bound of the times still to come."""
+    """The frontier of a probed stream: lower bound of the times still to come.
+
+    ``history`` records ``(time.perf_counter() seconds, frontier)`` at every change the probe
+    observes, for measuring epoch latencies (``frontier_latencies``).
+    """
 
     def __init__(self) -> None:
         self.frontier = MutableAntichain()
+        self.history: list[tuple[float, list[Any]]] = []
 
     def less_than(self, time: Any) -> bool:
         """True while data at a time < ``time`` may still appear on the stream."""
@@ -56,6 +62,7 @@ def probe_with(stream: Stream, handle: ProbeHandle, name: str = "Probe") -> Stre
                 changes = [(t, -1) for t in reported] + [(t, 1) for t in current]
                 handle.frontier.update_iter(changes)
                 reported[:] = current
+                handle.history.append((time.perf_counter(), list(current)))
 
         return logic
 
@@ -68,3 +75,27 @@ def probe(stream: Stream, name: str = "Probe") -> ProbeHandle:
     handle = ProbeHandle()
     probe_with(stream, handle, name)
     return handle
+
+
+def frontier_latencies(upstream: ProbeHandle, downstream: ProbeHandle) -> list[tuple[Any, float]]:
+    """Per epoch, seconds from the upstream frontier passing it to the downstream one passing it.
+
+    For each frontier value ``v`` the upstream probe reported (e.g. on a source's output: all
+    input before ``v`` was sent), the latency is the time until the downstream probe (e.g. on
+    the job's output: all results before ``v`` were produced) first reported a frontier ``>= v``
+    or an empty one.  Integer times; both probes read on the same worker (one clock).  Returns
+    ``[(v, seconds), ...]`` in upstream order.
+    """
+    out: list[tuple[Any, float]] = []
+    down = downstream.history
+    j = 0
+    for t_up, frontier in upstream.history:
+        if not frontier:
+            continue
+        v = min(frontier)
+        while j < len(down) and down[j][1] and min(down[j][1]) < v:
+            j += 1
+        if j == len(down):
+            break
+        out.append((v, max(0.0, down[j][0] - t_up)))
+    return out
