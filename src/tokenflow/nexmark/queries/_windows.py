@@ -1,0 +1,247 @@
+"""Shared pieces of the windowed NEXMark queries (Q5, Q7): frontier bounds, Arrow helpers and
+the "rows with the window's maximum" operator.
+
+Source: timestamp-tokens-paper.md §5 (one token per open window, retired in order of window end
+once the input frontier passes it) and §7.4 (Q7: a local then a global maximum, two stateful
+operators); NEXMARK.md ("Queries": Q5, Q7).
+
+Units: times and window bounds are ms since the Unix epoch (the logical times of
+``nexmark_source``); prices are cents.  All times are ``int`` (no iterative scopes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tokenflow.dataflow.capability import Capability, CapabilityRef
+from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
+from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
+from tokenflow.dataflow.stream import Stream
+
+INT64_MIN = np.iinfo(np.int64).min
+
+
+def frontier_bound(frontier: Any) -> int | None:
+    """The least time still possible on an input with ``int`` times, or None when the frontier
+    is empty (the input has ended).  ``frontier`` is an ``OperatorInput.frontier``."""
+    elements = frontier.frontier()
+    return min(elements) if elements else None
+
+
+def passed(bound: int | None, end: int, inclusive: bool) -> bool:
+    """True when no more data for a window ending at ``end`` can arrive.
+
+    ``inclusive=False``: the window's data carries times ``< end`` (raw events), so the window
+    is complete once the frontier is ``>= end``; ``inclusive=True``: its data may carry time
+    ``end`` itself (partial results sent at the window end), so it needs the frontier ``> end``.
+    """
+    if bound is None:
+        return True
+    return bound > end if inclusive else bound >= end
+
+
+def drain(input: OperatorInput) -> tuple[list[Any], CapabilityRef | None]:
+    """Every waiting message's batch, and the ref with the least time (None when none came).
+
+    The least ref is valid only during the current invocation; it can mint a token for any
+    time at or after every message received in it.
+    """
+    batches: list[Any] = []
+    least: CapabilityRef | None = None
+    for ref, batch in input:
+        batches.append(batch)
+        if least is None or ref.time < least.time:
+            least = ref
+    return batches, least
+
+
+def coalesce(stream: Stream, name: str = "Coalesce") -> Stream:
+    """Forward, per invocation, every batch received as ONE record batch at the least time.
+
+    Use before an exchange of a stream with many tiny messages (``nexmark_source`` at 1 ms
+    granularity sends about one bid per message): the exchange then hashes and splits one batch
+    per invocation instead of one per message.  Moving rows to an earlier time is always
+    allowed (the least ref covers it) and keeps ``dateTime >= logical time``, the property the
+    NEXMark operators rely on; they window by ``dateTime``, never by message time.  Pipeline
+    pact, no state, holds no token.
+    """
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        capability.drop()
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            batches, least = drain(input)
+            if least is None:
+                return
+            if len(batches) == 1:
+                output.give_batch(least, batches[0])
+                return
+            table = concat(batches)
+            if table.num_rows:
+                output.give_batch(least, to_batch(table, table.schema))
+
+        return logic
+
+    return unary(stream, "pipeline", name, constructor)
+
+
+def concat(batches: Sequence[Any], schema: pa.Schema | None = None) -> pa.Table:
+    """One Arrow table of record batches / tables (``schema`` is needed when empty)."""
+    parts = [b for b in batches if len(b)]
+    if not parts:
+        if schema is None:
+            raise ValueError("concat of no batches needs a schema")
+        return schema.empty_table()
+    if all(isinstance(b, pa.RecordBatch) for b in parts):
+        return pa.Table.from_batches(parts)  # one call: no per-batch table objects
+    return pa.concat_tables([b if isinstance(b, pa.Table) else pa.Table.from_batches([b])
+                             for b in parts])
+
+
+def to_batch(table: pa.Table, schema: pa.Schema) -> pa.RecordBatch:
+    """``table`` (columns of ``schema``, in that order) as one RecordBatch."""
+    table = table.select(schema.names).combine_chunks()  # one chunk per column
+    return pa.RecordBatch.from_arrays(
+        [table.column(name).chunk(0) if table.column(name).num_chunks == 1
+         else table.column(name).combine_chunks() for name in schema.names], schema=schema)
+
+
+def int_column(table: pa.Table | pa.RecordBatch, name: str) -> np.ndarray:
+    """Column ``name`` as an int64 numpy array (one copy at most).
+
+    Raises:
+        KeyError: when the column is missing.
+    """
+    column = table.column(name)
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return column.to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+
+
+def group_slices(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For a sorted key array: ``(unique keys, start offsets, stop offsets)`` of its runs."""
+    if len(keys) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return keys[:0], empty, empty
+    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+    stops = np.r_[starts[1:], len(keys)]
+    return keys[starts], starts, stops
+
+
+class WindowMaxState:
+    """Per open window, the rows with the largest ``value`` seen so far (ties all kept).
+
+    State (plain, snapshot-able): ``windows: dict[window_end_ms, (max_value, [pa.Table])]``.
+    Tokens are not state: the operator holds one per key of ``windows`` (see ``pending_times``).
+    """
+
+    def __init__(self, value: str, schema: pa.Schema) -> None:
+        self.value = value
+        self.schema = schema
+        self.windows: dict[int, tuple[int, list[pa.Table]]] = {}
+
+    def add(self, table: pa.Table) -> None:
+        """Merge rows (columns of ``schema``, including ``window_end`` and ``value``).
+
+        Vectorized: sort by window end, one max per window (``np.maximum.reduceat``), keep the
+        rows equal to their window's max; then per window present (a few per batch) compare
+        with the held max: larger replaces, equal appends, smaller is ignored.
+        """
+        if table.num_rows == 0:
+            return
+        ends = int_column(table, "window_end")
+        order = np.argsort(ends, kind="stable")
+        ends = ends[order]
+        values = int_column(table, self.value)[order]
+        keys, starts, stops = group_slices(ends)
+        maxima = np.maximum.reduceat(values, starts)
+        counts = stops - starts
+        keep = values == np.repeat(maxima, counts)
+        kept_order = order[keep]
+        kept_ends = ends[keep]
+        kept = table.take(pa.array(kept_order))
+        _, kstarts, kstops = group_slices(kept_ends)
+        for end, best, lo, hi in zip(keys.tolist(), maxima.tolist(), kstarts.tolist(),
+                                     kstops.tolist(), strict=True):
+            part = kept.slice(lo, hi - lo)
+            held = self.windows.get(end)
+            if held is None or best > held[0]:
+                self.windows[end] = (best, [part])
+            elif best == held[0]:
+                held[1].append(part)
+
+    def retire(self, bound: int | None, inclusive: bool) -> list[tuple[int, pa.Table]]:
+        """Remove and return ``(end, rows)`` of the windows ``bound`` has passed, by end."""
+        done = sorted(end for end in self.windows if passed(bound, end, inclusive))
+        return [(end, concat(self.windows.pop(end)[1], self.schema)) for end in done]
+
+    def pending_times(self) -> list[int]:
+        """Window ends that need a token (one per open window)."""
+        return sorted(self.windows)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"value", "windows": {end: (max, pa.Table)}}`` (Arrow tables are immutable)."""
+        return {"value": self.value,
+                "windows": {end: (best, concat(parts, self.schema))
+                            for end, (best, parts) in self.windows.items()}}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replace the state by a ``snapshot()`` result."""
+        self.value = snapshot["value"]
+        self.windows = {int(end): (int(best), [table])
+                        for end, (best, table) in snapshot["windows"].items()}
+
+
+def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusive: bool,
+               prepare: Callable[[pa.Table], pa.Table] | None = None,
+               state: WindowMaxState | None = None, name: str = "WindowMax") -> Stream:
+    """Per window, the rows whose ``value`` is the window's maximum (ties all kept).
+
+    Input: Arrow batches; ``prepare(table)`` (vectorized, optional) turns the batches received
+    in one invocation into rows of ``schema``, which must contain ``window_start``,
+    ``window_end`` (ms) and ``value``.  Output: one RecordBatch of ``schema`` per window, at time
+    ``window_end``, once the input frontier has passed the window (``passed(..., inclusive)``).
+
+    Tokens (paper §5): the initial token is dropped; one ``Capability`` per open window, minted
+    at its end from the least message ref of the invocation that opened it, used to send the
+    window's rows and dropped when it is retired.  Windows are retired in order of their ends,
+    many per invocation when the frontier jumps.  A ``state`` restored from a snapshot gets its
+    tokens from the initial token (one per ``pending_times()``).
+
+    Raises:
+        CapabilityError: when a row's ``window_end`` is before its message's time (it cannot
+            be sent at its end).
+    """
+    held = state if state is not None else WindowMaxState(value, schema)
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        tokens: dict[int, Capability] = {t: capability.delayed(t) for t in held.pending_times()}
+        capability.drop()
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            batches, least = drain(input)
+            if batches and least is not None:
+                table = concat(batches)
+                if prepare is not None:
+                    table = prepare(table)
+                held.add(table)
+                for end in held.windows:
+                    if end not in tokens:
+                        tokens[end] = least.delayed(end)
+            for end, rows in held.retire(frontier_bound(input.frontier), inclusive):
+                cap = tokens.pop(end)
+                if rows.num_rows:
+                    output.give_batch(cap, to_batch(rows, schema))
+                cap.drop()
+
+        return logic
+
+    return unary_frontier(stream, pact, name, constructor)
+
+
+__all__ = ["WindowMaxState", "coalesce", "concat", "drain", "frontier_bound", "group_slices", "int_column",
+           "passed", "to_batch", "window_max"]

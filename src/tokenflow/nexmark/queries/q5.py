@@ -1,0 +1,252 @@
+"""NEXMark Q5, hot items: per sliding window (10 s, every 5 s), the auctions with the most bids.
+
+Source: NEXMARK.md ("Q5 hot items: bids per auction in sliding windows (size 10 s, slide 5 s);
+auctions with the maximum count"); timestamp-tokens-paper.md §5 (one token per open window,
+windows retired in order once the frontier passes their end) and §6.3.
+
+Output columns (``COLUMNS``): ``window_start``, ``window_end`` (ms since the Unix epoch;
+windows ``[k * 5_000, k * 5_000 + 10_000)`` aligned to the epoch, so a bid at ``dateTime`` is in
+the two windows starting at ``dateTime - dateTime % 5000`` and 5 s before), ``auction``,
+``count`` (bids of that auction in the window) — all int64.  Only the auctions whose count is
+the window's maximum (ties all kept); windows without bids produce nothing.  A window's rows are
+sent at logical time ``window_end``.
+
+Dataflow:
+
+0. ``Q5PreCount`` (pipeline, stateless): per invocation, the bids received are counted per
+   ``(window, auction)`` with one lexsort and a run-length pass (numpy) and sent as one batch
+   at the least time received (a combiner: one exchanged batch per invocation).
+1. ``Q5Count`` (partial counts exchanged by ``auction``): the partial counts are appended to
+   their windows (``WindowCounts``); each open window holds one token at its end.  When the
+   frontier reaches a window's end its partials are summed per auction (``np.unique`` +
+   ``np.add.at``), and the auctions with this worker's maximum count — the
+   only possible global winners, as all bids of an auction meet on one worker — are sent at
+   time ``window_end`` and the token dropped.
+2. ``Q5GlobalMax`` (exchange by ``window_start``): the worker owning a window keeps the
+   candidates with the largest count and sends them once its frontier has passed
+   ``window_end`` (``_windows.window_max``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+from tokenflow.dataflow.capability import Capability
+from tokenflow.dataflow.channels import Exchange
+from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
+from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
+from tokenflow.dataflow.stream import Stream
+from tokenflow.nexmark.queries._windows import (
+    concat,
+    drain,
+    frontier_bound,
+    group_slices,
+    int_column,
+    passed,
+    window_max,
+)
+
+SIZE_MS = 10_000
+"""Window length (ms)."""
+SLIDE_MS = 5_000
+"""Distance between window starts (ms)."""
+
+COLUMNS: list[str] = ["window_start", "window_end", "auction", "count"]
+SCHEMA = pa.schema([(c, pa.int64()) for c in COLUMNS])
+
+SPARK_SQL = f"""
+SELECT window_start, window_end, auction, `count`
+FROM (
+  SELECT window_start, window_start + {SIZE_MS} AS window_end, auction, COUNT(*) AS `count`,
+         MAX(COUNT(*)) OVER (PARTITION BY window_start) AS max_count
+  FROM (
+    SELECT auction, explode(sequence(s - {SIZE_MS - SLIDE_MS}, s, {SLIDE_MS})) AS window_start
+    FROM (SELECT auction, dateTime - pmod(dateTime, {SLIDE_MS}) AS s FROM bid)
+  )
+  GROUP BY window_start, auction
+)
+WHERE `count` = max_count
+"""
+"""Spark SQL over the temp view ``bid``: the same rows as the dataflow (as a multiset)."""
+
+COMPACT_AFTER = 64
+"""Partial count arrays a window accumulates before they are summed into one."""
+
+
+class WindowCounts:
+    """Partial bid counts per ``(window, auction)`` for the open windows of one worker.
+
+    State (plain, snapshot-able): ``partials: dict[window_end_ms, list[(auctions, counts)]]``,
+    int64 numpy arrays of equal length (an auction may repeat across partials).  Tokens are not
+    state: the operator holds one per key of ``partials`` (``pending_times``).
+
+    Raises:
+        ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
+    """
+
+    def __init__(self, size: int = SIZE_MS, slide: int = SLIDE_MS) -> None:
+        if size <= 0 or slide <= 0 or size % slide:
+            raise ValueError(f"need 0 < slide dividing size, got size={size}, slide={slide}")
+        self.size = size
+        self.slide = slide
+        self.partials: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+
+    def add(self, start: np.ndarray, auction: np.ndarray, count: np.ndarray) -> None:
+        """Add partial counts: ``count[i]`` bids of ``auction[i]`` in the window starting at
+        ``start[i]`` (ms), in any order (``partial_counts`` output, possibly concatenated)."""
+        if len(start) == 0:
+            return
+        order = np.argsort(start, kind="stable")
+        start, auction, count = start[order], auction[order], count[order]
+        keys, lo, hi = group_slices(start)
+        for s, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            parts = self.partials.setdefault(s + self.size, [])
+            parts.append((auction[a:b], count[a:b]))
+            if len(parts) > COMPACT_AFTER:
+                self.partials[s + self.size] = [_sum_counts(parts)]
+
+    def retire(self, bound: int | None) -> list[pa.RecordBatch]:
+        """Remove the windows the bid frontier ``bound`` has reached (``end <= bound``; all when
+        None) and return, per window by end, its auctions with the maximum count (``SCHEMA``)."""
+        out = []
+        for end in sorted(e for e in self.partials if passed(bound, e, inclusive=False)):
+            auctions, counts = _sum_counts(self.partials.pop(end))
+            best = counts == counts.max()
+            n = int(best.sum())
+            out.append(pa.RecordBatch.from_arrays(
+                [pa.array(np.full(n, end - self.size, dtype=np.int64)),
+                 pa.array(np.full(n, end, dtype=np.int64)),
+                 pa.array(auctions[best]), pa.array(counts[best])], schema=SCHEMA))
+        return out
+
+    def pending_times(self) -> list[int]:
+        """Window ends that need a token."""
+        return sorted(self.partials)
+
+    def snapshot(self) -> dict[str, Any]:
+        """``{"size", "slide", "windows": {end: pa.Table(auction, count)}}`` (summed)."""
+        windows = {}
+        for end, parts in self.partials.items():
+            auctions, counts = _sum_counts(parts)
+            windows[end] = pa.table({"auction": auctions, "count": counts})
+        return {"size": self.size, "slide": self.slide, "windows": windows}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Replace the state by a ``snapshot()`` result."""
+        self.size = int(snapshot["size"])
+        self.slide = int(snapshot["slide"])
+        self.partials = {
+            int(end): [(int_column(t, "auction"), int_column(t, "count"))]
+            for end, t in snapshot["windows"].items()}
+
+
+def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,
+                   slide: int = SLIDE_MS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bids (``auction`` ids, ``date`` = dateTime ms) counted per ``(window start, auction)``
+    over every window holding them (``size // slide`` each), with one lexsort and a run-length
+    pass.  Returns int64 arrays ``(start, auction, count)`` sorted by (start, auction)."""
+    last = date - np.mod(date, slide)
+    copies = size // slide
+    starts = np.concatenate([last - i * slide for i in range(copies)])
+    auctions = np.tile(auction, copies)
+    order = np.lexsort((auctions, starts))
+    starts = starts[order]
+    auctions = auctions[order]
+    change = np.r_[True, (starts[1:] != starts[:-1]) | (auctions[1:] != auctions[:-1])]
+    first = np.flatnonzero(change)
+    counts = np.diff(np.r_[first, len(starts)]).astype(np.int64)
+    return starts[first], auctions[first], counts
+
+
+PARTIAL_SCHEMA = pa.schema([("window_start", pa.int64()), ("auction", pa.int64()),
+                            ("count", pa.int64())])
+"""Stage 0 output: partial bid counts per (window, auction)."""
+
+
+def pre_count(bids: Stream, name: str = "Q5PreCount") -> Stream:
+    """Stage 0 (pipeline, stateless): per invocation, the bids received counted per
+    ``(window_start, auction)`` (``partial_counts``), sent as one ``PARTIAL_SCHEMA`` batch at
+    the least time received.  Moving rows to that earlier time is allowed (its ref covers it)
+    and keeps every row's windows ending after its time.  Shrinks the exchange by auction to
+    one batch per invocation, instead of one per message at 1 ms granularity."""
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        capability.drop()
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            batches, least = drain(input)
+            if least is None:
+                return
+            table = concat(batches)
+            if table.num_rows == 0:
+                return
+            start, auction, count = partial_counts(int_column(table, "auction"),
+                                                   int_column(table, "dateTime"))
+            output.give_batch(least, pa.RecordBatch.from_arrays(
+                [pa.array(start), pa.array(auction), pa.array(count)], schema=PARTIAL_SCHEMA))
+
+        return logic
+
+    return unary(bids, "pipeline", name, constructor)
+
+
+def _sum_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """Sum partial counts per auction: ``(unique auctions, total counts)``."""
+    auctions = np.concatenate([p[0] for p in parts])
+    counts = np.concatenate([p[1] for p in parts])
+    unique, inverse = np.unique(auctions, return_inverse=True)
+    totals = np.zeros(len(unique), dtype=np.int64)
+    np.add.at(totals, inverse, counts)
+    return unique, totals
+
+
+def count_candidates(partials: Stream, state: WindowCounts | None = None,
+                     name: str = "Q5Count") -> Stream:
+    """Stage 1: per window, this worker's auctions with the most bids, sent at ``window_end``.
+
+    Input: ``PARTIAL_SCHEMA`` batches (``pre_count``), exchanged by ``auction`` here.  Tokens:
+    one per open window, minted at its end from the least message ref of the invocation that
+    opened it (every bid's windows end after its ``dateTime`` >= its message time), dropped
+    after the window's candidates are sent.  A restored ``state`` gets its tokens from the
+    initial token.
+    """
+    held = state if state is not None else WindowCounts()
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        tokens: dict[int, Capability] = {t: capability.delayed(t) for t in held.pending_times()}
+        capability.drop()
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            batches, least = drain(input)
+            if batches and least is not None:
+                table = concat(batches)
+                held.add(int_column(table, "window_start"), int_column(table, "auction"),
+                         int_column(table, "count"))
+                for end in held.partials:
+                    if end not in tokens:
+                        tokens[end] = least.delayed(end)
+            for batch in held.retire(frontier_bound(input.frontier)):
+                cap = tokens.pop(int(batch.column("window_end")[0].as_py()))
+                output.give_batch(cap, batch)
+                cap.drop()
+
+        return logic
+
+    return unary_frontier(partials, Exchange(column="auction"), name, constructor)
+
+
+def build(streams: dict[str, Stream], config: Any = None) -> Stream:
+    """Q5 over ``nexmark_source`` streams (uses ``streams["bid"]``); ``config`` is unused.
+
+    Returns the stream of ``SCHEMA`` record batches, one per window at time ``window_end``.
+    """
+    local = count_candidates(pre_count(streams["bid"]))
+    return window_max(local, Exchange(column="window_start"), "count", SCHEMA, inclusive=True,
+                      name="Q5GlobalMax")
+
+
+__all__ = ["COLUMNS", "PARTIAL_SCHEMA", "SCHEMA", "SIZE_MS", "SLIDE_MS", "SPARK_SQL",
+           "WindowCounts", "build", "count_candidates", "partial_counts", "pre_count"]
