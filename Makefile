@@ -16,8 +16,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python examples/wordcount.py --workers 2
-	$(BIN)/python examples/connected_components.py --workers 2
+	$(BIN)/tokenflow demo --workers 2 --events 1000000 --output out/demo
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests

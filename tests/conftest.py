@@ -1,7 +1,20 @@
-"""Shared test configuration: hypothesis profiles (CI runs >= 500 examples per property)."""
+"""Shared test configuration.
+
+* Hypothesis profiles: ``ci`` (the default; >= 500 examples per property) and ``dev``.
+* The ``spark`` marker (``-m "not spark"`` skips the tests that need a SparkSession).
+* ``spark``: one SparkSession (``local[4]``) for the whole test session, started on first use
+  (~20 s) and stopped at the end.  ``local[4]`` has four task slots, so the barrier stages of
+  both 2- and 4-worker jobs run on it (``get_session`` hands the running session to any
+  ``local[n]`` request with ``n <= 4``).
+"""
+
+from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from typing import Any
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
@@ -11,3 +24,20 @@ settings.register_profile(
     "dev", max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "spark: needs a local SparkSession (slow start-up, ~20 s)")
+
+
+@pytest.fixture(scope="session")
+def spark() -> Iterator[Any]:
+    """The session-wide SparkSession (``local[4]``), stopped at the end of the test session."""
+    pytest.importorskip("pyspark")
+    from tokenflow.spark import session
+
+    spark = session.get_session("local[4]")
+    try:
+        yield spark
+    finally:
+        session.stop_session()

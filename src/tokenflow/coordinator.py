@@ -104,6 +104,11 @@ class Coordinator:
         with self._lock:
             return {k: dict(v) for k, v in self.reports.items()}
 
+    def reset(self) -> None:
+        """Forget all reports (before the next job on the same coordinator)."""
+        with self._lock:
+            self.reports.clear()
+
     def close(self) -> None:
         self._closed = True
         self._sock.close()

@@ -77,7 +77,7 @@ def test_query_q1_prints_rate_and_latency(tmp_path: Path) -> None:
 
     # The written dataset: every bid with price * 89 // 100, compared with the generated bids.
     written = ds.dataset(str(tmp_path / "q1"), format="parquet", partitioning=ds.partitioning(
-        pa.schema([("time", pa.int64())]), flavor="hive")).to_table()
+        pa.schema([("epoch", pa.int64())]), flavor="hive")).to_table()
     assert written.num_rows == 18_400
     assert written.schema.names[:4] == ["auction", "bidder", "price", "dateTime"]
     code, _, err = invoke("nexmark", "generate", "--events", str(events), "--output",
@@ -93,7 +93,7 @@ def test_query_q1_prints_rate_and_latency(tmp_path: Path) -> None:
                       [p * 89 // 100 for p in bids.column("price").to_pylist()], strict=True))
     assert got == want
     # Partitions are the 1 s epochs holding each bid.
-    times = written.column("time").to_numpy()
+    times = written.column("epoch").to_numpy()
     np.testing.assert_array_equal(times, written.column("dateTime").to_numpy() // 1000 * 1000)
 
 

@@ -3,7 +3,7 @@
 * 100,000 events at 1,000 events/s (100 s of event time: 100 one-second epochs, 10 tumbling
   10 s windows), 2 workers, thread runtime: the dataflow's rows equal the query's ``SPARK_SQL``
   rows over the same events (read from Parquet) as multisets; the Parquet dataset the workers
-  wrote holds the same rows, in ``time=<t>`` partitions consistent with the documented logical
+  wrote holds the same rows, in ``epoch=<t>`` partitions consistent with the documented logical
   times.
 * q3 on the process runtime; q3 and q8 on 3 workers (a different exchange) give the Spark rows.
 * The join state of q3 and the window state of q8 directly: arrival order, exactly-once
@@ -16,7 +16,6 @@ tests/spark).  Source: /work/shared/NEXMARK.md.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -39,18 +38,8 @@ RATE = 1_000
 BASIC = ["q0", "q1", "q2", "q3", "q8"]
 
 
-@pytest.fixture(scope="session")
-def spark_session() -> Iterator[Any]:
-    """The process's SparkSession (``local[4]``), shared with tests/spark."""
-    pytest.importorskip("pyspark")
-    from tokenflow.spark import session
-
-    yield session.get_session("local[4]")
-    session.stop_session()
-
-
 @pytest.fixture(scope="module")
-def references(spark_session: Any) -> dict[tuple[str, int], pd.DataFrame]:
+def references(spark: Any) -> dict[tuple[str, int], pd.DataFrame]:
     """Spark SQL results by ``(query, events)``, computed on first use."""
     return {}
 
@@ -63,10 +52,10 @@ def reference(references: dict[tuple[str, int], pd.DataFrame], name: str, events
 
 
 def read_dataset(path: Path, columns: list[str]) -> pd.DataFrame:
-    """The Parquet dataset ``run_query`` wrote, with the ``time`` partition as a column."""
-    partitioning = ds.partitioning(pa.schema([("time", pa.int64())]), flavor="hive")
+    """The Parquet dataset ``run_query`` wrote, with the ``epoch`` partition as column ``time``."""
+    partitioning = ds.partitioning(pa.schema([("epoch", pa.int64())]), flavor="hive")
     table = ds.dataset(str(path), format="parquet", partitioning=partitioning).to_table()
-    return table.select([*columns, "time"]).to_pandas()
+    return table.select([*columns, "epoch"]).rename_columns([*columns, "time"]).to_pandas()
 
 
 def q3_times(auction_ids: np.ndarray) -> np.ndarray:

@@ -16,7 +16,7 @@ Source: /work/shared/NEXMARK.md ("Queries"); timestamp-tokens-paper.md §5–§7
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
@@ -66,36 +66,26 @@ def canonical(frame: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
     return frame.loc[:, columns].sort_values(columns, kind="stable").reset_index(drop=True)
 
 
-@pytest.fixture(scope="session")
-def spark_session() -> Iterator[Any]:
-    """The process's SparkSession (``local[4]``), shared with the other Spark tests."""
-    pytest.importorskip("pyspark")
-    from tokenflow.spark import session
-
-    yield session.get_session("local[4]")
-    session.stop_session()
-
-
 @pytest.fixture(scope="module")
 def events() -> dict[str, pa.RecordBatch]:
     return generate(0, EVENTS, CONFIG)
 
 
 @pytest.fixture(scope="module")
-def spark_sql(spark_session: Any, events: dict[str, pa.RecordBatch]) -> Callable[[str], pd.DataFrame]:
+def spark_sql(spark: Any, events: dict[str, pa.RecordBatch]) -> Callable[[str], pd.DataFrame]:
     """Run a query over temp views ``auction`` and ``bid`` of the same events (the columns the
     queries read), registered just before each query (other modules may drop them)."""
     frames = {
-        "auction": spark_session.createDataFrame(
+        "auction": spark.createDataFrame(
             events["auction"].select(["id", "category", "reserve", "dateTime", "expires"]).to_pandas()),
-        "bid": spark_session.createDataFrame(
+        "bid": spark.createDataFrame(
             events["bid"].select(["auction", "bidder", "price", "dateTime"]).to_pandas()),
     }
 
     def run(sql: str) -> pd.DataFrame:
         for name, frame in frames.items():
             frame.createOrReplaceTempView(name)
-        return spark_session.sql(sql).toPandas()
+        return spark.sql(sql).toPandas()
 
     return run
 

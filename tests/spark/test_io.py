@@ -348,3 +348,49 @@ def test_to_parquet_one_file_per_epoch_and_worker_readable_by_spark(
         assert rows == expected_rows  # same rows, none twice
         listings.append(sorted(files))
     assert listings[0] == listings[1]
+
+
+def test_to_parquet_granularity_groups_times_into_epoch_bins(tmp_path: Path) -> None:
+    """With ``granularity=4`` times 0..9 land in ``epoch=0``, ``epoch=4``, ``epoch=8``, one file
+    per (bin, worker) holding exactly that worker's rows of the bin's times."""
+    events = pd.DataFrame({"id": np.arange(40), "t": np.arange(40) % 10,
+                           "value": np.arange(40) * 1.5, "name": [f"n{i}" for i in range(40)]})
+    root = tmp_path / "binned"
+
+    def job(worker: Worker) -> Capture:
+        def build(scope: Any) -> Capture:
+            stream = from_dataframe(scope, "events", "t", max_rows=3)
+            to_parquet(stream, str(root), granularity=4, partition="epoch")
+            return collect(stream)
+
+        return worker.dataflow(build)
+
+    caps = execute(job, workers=2, runtime="thread",
+                   inputs={"events": pa.Table.from_pandas(events, preserve_index=False)},
+                   sort_by={"events": "t"})
+    files = sorted(root.rglob("*.parquet"))
+    seen = Counter()
+    for f in files:
+        b = int(re.fullmatch(r"epoch=(\d+)", f.parent.name).group(1))  # type: ignore[union-attr]
+        w = int(re.fullmatch(r"worker-(\d+)\.parquet", f.name).group(1))  # type: ignore[union-attr]
+        table = pq.read_table(f)
+        ids = sorted(table.column("id").to_pylist())
+        expected = sorted(r["id"] for t, rows in caps[w].by_time().items() if t - t % 4 == b
+                          for r in rows)
+        assert ids == expected, (b, w)
+        assert all(b <= t < b + 4 for t in table.column("t").to_pylist())
+        seen.update(ids)
+    assert {int(f.parent.name.split("=")[1]) for f in files} == {0, 4, 8}
+    assert seen == Counter(range(40))  # every row once
+
+
+def test_to_parquet_rejects_bad_granularity(tmp_path: Path) -> None:
+    def job(worker: Worker) -> None:
+        def build(scope: Any) -> None:
+            _, stream = scope.new_input("in")
+            to_parquet(stream, str(tmp_path), granularity=0, name="Out")
+
+        worker.dataflow(build)
+
+    with pytest.raises(WorkerError, match="Out: granularity must be > 0"):
+        execute(job, workers=1, runtime="thread")

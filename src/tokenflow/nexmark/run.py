@@ -139,10 +139,10 @@ def _epoch_slices(data: dict[str, pa.RecordBatch], epochs: list[tuple[int, int, 
 
 
 def _clear_output(directory: str) -> None:
-    """Remove the ``time=*`` partitions of an earlier run from ``directory``."""
+    """Remove the ``epoch=*`` partitions of an earlier run from ``directory``."""
     for entry in os.listdir(directory):
         path = os.path.join(directory, entry)
-        if entry.startswith("time=") and os.path.isdir(path):
+        if entry.startswith("epoch=") and os.path.isdir(path):
             shutil.rmtree(path)
 
 
@@ -161,8 +161,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         runtime: ``thread``, ``process`` or ``spark``.
         master: Spark master URL (``spark`` only; default ``local[workers]``).
         output: a directory; when given, the workers write the output as a Parquet dataset
-            ``output/time=<t>/worker-<i>.parquet`` (``tokenflow.spark.to_parquet``; ``time`` is
-            the logical time of the rows, ms; partitions of an earlier run are removed first).
+            ``output/epoch=<t>/worker-<i>.parquet`` (``tokenflow.spark.to_parquet``; ``epoch``
+            is the logical time of the rows rounded down to a multiple of ``granularity_ms``,
+            ms; partitions of an earlier run are removed first).
         granularity_ms: epoch length in ms of event time (the input's logical times are
             ``dateTime`` rounded down to a multiple of it).
         lag: epochs a worker may have in flight (>= 1).
@@ -207,7 +208,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 handles[kind], streams[kind] = scope.new_input(f"Nexmark.{kind}")
             out = query.build(streams, config)
             if directory is not None:
-                to_parquet(out, directory, columns=columns, name=f"{name}.Parquet")
+                to_parquet(out, directory, columns=columns, name=f"{name}.Parquet",
+                           granularity=granularity_ms, partition="epoch")
             return handles, out.probe(f"{name}.Probe"), collect(out, f"{name}.Collect")
 
         handles, probe, captured = worker.dataflow(build, name=f"nexmark-{name}")

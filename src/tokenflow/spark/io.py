@@ -180,28 +180,49 @@ def _as_table(batches: list[Any], columns: list[str] | None, name: str) -> pa.Ta
 
 
 def to_parquet(stream: Any, path: str | os.PathLike[str], columns: list[str] | None = None,
-               name: str = "ToParquet") -> None:
-    """Write each completed epoch as ``path/time=<t>/worker-<i>.parquet`` (atomic rename).
+               name: str = "ToParquet", granularity: int | None = None,
+               partition: str = "time") -> None:
+    """Write each completed epoch as ``path/<partition>=<t>/worker-<i>.parquet`` (atomic rename).
 
     Batches may be Arrow batches, lists of dicts, or lists of tuples (with ``columns``).  A file
     appears only when the input frontier has passed its epoch; re-running an epoch replaces the
     file rather than adding a duplicate.  ``spark.read.parquet(path)`` reads the dataset, with
-    ``time`` as a partition column.
+    ``partition`` (default ``time``) as a partition column.
+
+    With ``granularity`` (integer times only), the records of times ``[b, b + granularity)``
+    go to one file per worker in ``<partition>=<b>`` (``b`` a multiple of ``granularity``),
+    written once the frontier passes ``b + granularity - 1``: fewer, larger files when the
+    stream's times are finer than the epochs a reader cares about.
+
+    Raises:
+        ValueError: ``granularity <= 0``.
+        TypeError: records without names (tuples) and no ``columns``; a non-integer time with
+            ``granularity`` (raised by the operator, naming it and the time).
     """
+    if granularity is not None and granularity <= 0:
+        raise ValueError(f"{name}: granularity must be > 0, got {granularity}")
     root = os.fspath(path)
     worker = stream.scope.worker_index
+
+    def bin_of(t: Any) -> Any:
+        if granularity is None:
+            return t
+        if not isinstance(t, int):
+            raise TypeError(f"{name}: granularity needs integer times, got time {t!r}")
+        return t - t % granularity
 
     def make() -> Any:
         pending: dict[Any, list[Any]] = {}
 
         def logic(inp: Any) -> None:
             for ref, batch in inp:
-                pending.setdefault(ref.time, []).append(batch)
-            for t in sorted(pending):
-                if inp.frontier.less_equal(t):
+                pending.setdefault(bin_of(ref.time), []).append(batch)
+            for b in sorted(pending):
+                last = b if granularity is None else b + granularity - 1
+                if inp.frontier.less_equal(last):
                     break
-                table = _as_table(pending.pop(t), columns, name)
-                directory = os.path.join(root, f"time={t}")
+                table = _as_table(pending.pop(b), columns, name)
+                directory = os.path.join(root, f"{partition}={b}")
                 os.makedirs(directory, exist_ok=True)
                 final = os.path.join(directory, f"worker-{worker:05d}.parquet")
                 tmp = f"{final}.{uuid.uuid4().hex}.tmp"

@@ -25,7 +25,7 @@ def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: 
     global _SESSION, _MASTER, startup_seconds
     from pyspark.sql import SparkSession
 
-    if _SESSION is not None and _SESSION.sparkContext._jsc is not None:
+    if running():
         if master is not None and master != _MASTER and not _compatible(master, _MASTER):
             raise RuntimeError(f"a SparkSession with master {_MASTER} is running; asked for {master}")
         return _SESSION
@@ -66,6 +66,11 @@ def _compatible(asked: str, running: str | None) -> bool:
 def _local_slots(master: str) -> int:
     inner = master[len("local["):-1]
     return os.cpu_count() or 1 if inner == "*" else int(inner)
+
+
+def running() -> bool:
+    """Whether this process has a live session (``get_session`` would reuse it)."""
+    return _SESSION is not None and _SESSION.sparkContext._jsc is not None
 
 
 def stop_session() -> None:
