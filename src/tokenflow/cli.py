@@ -33,13 +33,19 @@ NEXMark (source: /work/shared/NEXMARK.md; ``tokenflow.nexmark``)::
     tokenflow nexmark generate --events N [--rate R] --output DIR
     tokenflow nexmark query --query qN [--events N] [--rate R] [--workers W] [--runtime R]
                             [--master URL] [--output DIR] [--granularity MS] [--lag EPOCHS]
+                            [--input DIR]
     tokenflow nexmark --query qN ...          (the same as ``nexmark query``)
+    tokenflow flights [--workers W] [--runtime R] [--output DIR]
+    tokenflow demo [--workers W] [--events N] [--output DIR]
 
 ``generate`` writes events ``[0, N)`` as ``DIR/person``, ``DIR/auction`` and ``DIR/bid`` (one
 Parquet file each, Beam's field names) and prints the rows per kind.  ``query`` runs a query
 (``tokenflow.nexmark.run.run_query``) and prints its output rows, job seconds, events/s and
 the per-epoch latency p50/p99 in ms; with ``--output`` the workers write the result as a
-Parquet dataset.  An unknown query exits 2 naming the available ones.
+Parquet dataset; with ``--input`` it reads the events ``generate`` wrote instead of generating
+them.  An unknown query, or input that is missing, not Parquet, lacks a column or has a null
+``dateTime``, exits 2 with a message naming the query, or the path, column and row.
+``flights`` and ``demo``: see their ``--help``.
 """
 
 from __future__ import annotations
@@ -341,7 +347,11 @@ def _coordinator(runtime: Runtime, master: str | None) -> tuple[Coordinator, tup
 
 def _raise_outcome(outcome: dict[str, Any]) -> Any:
     """The job's result, or exit 1 with a one-line error."""
+    from tokenflow.spark.io import InputError
+
     error = outcome.get("error")
+    if isinstance(error, InputError):
+        _fail(f"bad input: {error}", 2)
     if isinstance(error, WorkerError):
         _fail(worker_error_line(error), 1)
     if isinstance(error, KeyboardInterrupt):
@@ -389,6 +399,9 @@ MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (spark 
 GranularityOption = Annotated[int, typer.Option("--granularity", min=1,
                                                 help="Epoch length in ms of event time.")]
 LagOption = Annotated[int, typer.Option("--lag", min=1, help="Epochs a worker keeps in flight.")]
+InputOption = Annotated[Path | None, typer.Option(
+    "--input", help="Read events from DIR/person, DIR/auction, DIR/bid (Parquet) instead of "
+                    "generating them; --events and --rate are then ignored.")]
 
 
 @nexmark_app.callback(invoke_without_command=True)
@@ -399,14 +412,15 @@ def _nexmark(ctx: typer.Context, query: QueryOption = None, events: EventsOption
                                ] = None,
              granularity: GranularityOption = 1000, lag: LagOption = 4,
              quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
-             ) -> None:
+             input: InputOption = None) -> None:
     """NEXMark: `generate` events or run a `query` (also: `tokenflow nexmark --query qN ...`)."""
     if ctx.invoked_subcommand is not None:
         return
     if query is None:
         typer.echo(ctx.get_help())
         raise typer.Exit(0)
-    nexmark_query(query, events, rate, workers, runtime, master, output, granularity, lag, quiet)
+    nexmark_query(query, events, rate, workers, runtime, master, output, granularity, lag, quiet,
+                  input)
 
 
 @nexmark_app.command("generate")
@@ -443,6 +457,7 @@ def nexmark_query(
     granularity: GranularityOption = 1000,
     lag: LagOption = 4,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+    input: InputOption = None,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows."""
     from tokenflow.nexmark.queries import load
@@ -464,7 +479,8 @@ def nexmark_query(
     try:
         outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
                                           runtime=runtime.value, master=master, output=output,
-                                          granularity_ms=granularity, lag=lag, report_to=endpoint),
+                                          granularity_ms=granularity, lag=lag, report_to=endpoint,
+                                          input=input),
                         workers, runtime.value, coordinator, err, quiet)
         result = _raise_outcome(outcome)
     except KeyboardInterrupt:
@@ -472,12 +488,13 @@ def nexmark_query(
     finally:
         coordinator.close()
         _stop_spark()
-    _print_query(out, result, rate, lag)
+    _print_query(out, result, f"from {input}" if input is not None else f"at {rate:,}/s of event time",
+                 lag)
 
 
-def _print_query(out: Console, result: Any, rate: int, lag: int) -> None:
+def _print_query(out: Console, result: Any, source: str, lag: int) -> None:
     """Events/s, per-epoch latency p50/p99 and output size of a ``QueryResult``."""
-    out.print(f"{result.query}: {result.events:,} events at {rate:,}/s of event time, {result.runtime}, "
+    out.print(f"{result.query}: {result.events:,} events {source}, {result.runtime}, "
               f"{result.workers} workers: {result.seconds:.3f} s, {result.events_per_second:,.0f} events/s")
     out.print(f"latency per epoch ({result.granularity_ms} ms of event time, {len(result.latencies_ms)} "
               f"epochs, lag {lag}): p50 {result.latency_p50_ms:.1f} ms, "
@@ -600,7 +617,7 @@ def demo(
                                                       output=output / q, report_to=endpoint),
                             workers, "spark", coordinator, err, quiet)
             result = _raise_outcome(outcome)
-            _print_query(out, result, rate, lag=4)
+            _print_query(out, result, f"at {rate:,}/s of event time", lag=4)
             rows.append((query, result.events, result.seconds, result.events_per_second,
                          result.latency_p50_ms, result.latency_p99_ms))
     except KeyboardInterrupt:

@@ -112,6 +112,18 @@ def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> lis
     return plan
 
 
+def file_plan(tables: dict[str, pa.Table], granularity_ms: int) -> list[tuple[int, int, int]]:
+    """``(t, 0, 0)`` for every epoch ``t`` (a multiple of ``granularity_ms``) holding an event of
+    ``tables`` (``dateTime`` columns, ms), in time order."""
+    if granularity_ms <= 0:
+        raise ValueError(f"granularity_ms must be > 0, got {granularity_ms}")
+    times = [t.column("dateTime").to_numpy() for t in tables.values() if t.num_rows]
+    if not times:
+        return []
+    epochs = np.unique(np.concatenate(times) // granularity_ms * granularity_ms)
+    return [(int(t), 0, 0) for t in epochs]
+
+
 def chunk_plan(plan: list[tuple[int, int, int]], workers: int,
                min_block: int = MIN_BLOCK) -> list[list[tuple[int, int, int]]]:
     """Consecutive epochs of ``plan`` grouped into chunks of ``>= workers * min_block`` events
@@ -149,8 +161,10 @@ def _clear_output(directory: str) -> None:
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
-              report_to: tuple[str, int, str] | None = None) -> QueryResult:
-    """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s.
+              report_to: tuple[str, int, str] | None = None,
+              input: str | os.PathLike[str] | None = None) -> QueryResult:
+    """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
+    over the events in the Parquet datasets under ``input``.
 
     Args:
         name: a query of ``tokenflow.nexmark.queries.QUERIES``.
@@ -168,6 +182,11 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             ``dateTime`` rounded down to a multiple of it).
         lag: epochs a worker may have in flight (>= 1).
         report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
+        input: a directory with ``person``, ``auction`` and ``bid`` Parquet datasets (as
+            ``tokenflow nexmark generate`` writes them); ``events`` and ``rate`` are then
+            ignored.  The driver reads and checks it first (``tokenflow.nexmark.files``); each
+            worker reads it again and takes every ``workers``-th row of each kind, so on a
+            cluster it must be a path all workers can read.
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -175,9 +194,12 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     Raises:
         ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
             ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, or ``master`` without spark.
+        InputError: ``input`` is missing, not Parquet, lacks a column or has a null
+            ``dateTime`` (naming the path, column and row).
         WorkerError: a worker failed.
     """
     from tokenflow.execute import execute
+    from tokenflow.nexmark.files import read_events, worker_share
 
     module = load(name)
     if lag < 1:
@@ -187,8 +209,17 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     if master is not None and runtime != "spark":
         raise ValueError("master applies to runtime 'spark' only")
     config = GeneratorConfig(rate=rate)
-    plan = epoch_plan(events, config, granularity_ms)
-    chunks = chunk_plan(plan, workers)
+    source = None
+    if input is not None:
+        source = os.path.abspath(os.fspath(input))
+        tables = read_events(source)
+        events = sum(t.num_rows for t in tables.values())
+        plan = file_plan(tables, granularity_ms)
+        chunks = [plan] if plan else []
+        del tables
+    else:
+        plan = epoch_plan(events, config, granularity_ms)
+        chunks = chunk_plan(plan, workers)
     columns = list(module.COLUMNS)
     directory = None
     if output is not None:
@@ -226,10 +257,13 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         start = time.time()
         for chunk in chunks:
-            lo, hi = chunk[0][1], chunk[-1][2]
-            first = lo + (hi - lo) * w // peers
-            end = lo + (hi - lo) * (w + 1) // peers
-            data = generate(first, end - first, config)
+            if source is not None:  # this worker's round-robin share of the files' rows
+                data = {kind: worker_share(table, w, peers) for kind, table in read_events(source).items()}
+            else:
+                lo, hi = chunk[0][1], chunk[-1][2]
+                first = lo + (hi - lo) * w // peers
+                end = lo + (hi - lo) * (w + 1) // peers
+                data = generate(first, end - first, config)
             for t, parts in _epoch_slices(data, chunk, granularity_ms):
                 while len(in_flight) >= lag:
                     worker.step_or_park()
@@ -324,4 +358,5 @@ def spark_reference(name: str, events: int, rate: int = 10_000, master: str | No
     return frame.sort_values(columns, kind="stable").reset_index(drop=True)
 
 
-__all__ = ["MIN_BLOCK", "QueryResult", "chunk_plan", "epoch_plan", "run_query", "spark_reference"]
+__all__ = ["MIN_BLOCK", "QueryResult", "chunk_plan", "epoch_plan", "file_plan", "run_query",
+           "spark_reference"]
