@@ -30,14 +30,17 @@ _KEEP = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], dtype=np.
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
-    """SplitMix64's finalizer over a uint64 array (wrapping arithmetic)."""
-    x = x.astype(np.uint64, copy=True)
-    with np.errstate(over="ignore"):
-        x ^= x >> np.uint64(30)
-        x *= np.uint64(0xBF58476D1CE4E5B9)
-        x ^= x >> np.uint64(27)
-        x *= np.uint64(0x94D049BB133111EB)
-        x ^= x >> np.uint64(31)
+    """SplitMix64's finalizer over a uint64 array (wrapping arithmetic); ``x`` is not changed."""
+    return _mix64_inplace(x.astype(np.uint64, copy=True))
+
+
+def _mix64_inplace(x: np.ndarray) -> np.ndarray:
+    # Array integer arithmetic wraps silently in numpy (only scalar overflow warns).
+    x ^= x >> np.uint64(30)
+    x *= np.uint64(0xBF58476D1CE4E5B9)
+    x ^= x >> np.uint64(27)
+    x *= np.uint64(0x94D049BB133111EB)
+    x ^= x >> np.uint64(31)
     return x
 
 
@@ -46,45 +49,42 @@ def hash_strings(array: pa.Array) -> np.ndarray:
 
     For value bytes ``b``: ``h = FNV_OFFSET ^ len(b)``; for each 8-byte little-endian word
     ``w`` of ``b`` (the last one zero-padded): ``h = (h ^ w) * FNV_PRIME mod 2**64``; the
-    result is ``mix64(h)``.  Vectorized: one gather per 8-byte position over the values still
-    that long (values sorted by length so those form a prefix).
+    result is ``mix64(h)``.  Vectorized: one gather per 8-byte position, over all values for
+    the first word and over the values longer than ``8 * k`` bytes for word ``k``.
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
     n = len(array)
-    out = np.zeros(n, dtype=np.uint64)
     if n == 0:
-        return out
+        return np.zeros(0, dtype=np.uint64)
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
     buffers = array.buffers()
     offsets: np.ndarray = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
     offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
-    raw = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
-           else np.zeros(0, np.uint8))
-    starts = offsets[:-1]
-    lengths = offsets[1:] - starts
-    data = np.zeros(int(offsets[-1]) + 8, dtype=np.uint8)  # zero tail: reads past the end
-    data[: int(offsets[-1]) - int(offsets[0])] = raw[int(offsets[0]) : int(offsets[-1])]
-    starts = starts - offsets[0]
-    words = (lengths + 7) // 8
-    order = np.argsort(np.negative(words), kind="stable")  # most words first: active lanes are a prefix
-    starts_sorted = starts[order]
-    lengths_sorted = lengths[order]
-    words_sorted = words[order]
-    h = FNV_OFFSET ^ lengths_sorted.astype(np.uint64)
-    most = int(words_sorted[0])
-    active = np.searchsorted(np.negative(words_sorted), np.negative(np.arange(most)), side="left")
+    first, last = int(offsets[0]), int(offsets[-1])
+    data = np.zeros(last - first + 8, dtype=np.uint8)  # zero tail: reads past the end
+    if buffers[2] is not None:
+        data[: last - first] = np.frombuffer(buffers[2], dtype=np.uint8)[first:last]
+    starts = offsets[:-1] - first
+    lengths = np.diff(offsets)
     # element p of ``unaligned`` is the little-endian uint64 of bytes p..p+7
     unaligned = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    with np.errstate(over="ignore"):
-        for k in range(most):
-            m = int(active[k])
-            word = unaligned[starts_sorted[:m] + 8 * k]
-            left = np.minimum(lengths_sorted[:m] - 8 * k, 8)
-            word &= _KEEP[left]
-            h[:m] ^= word
-            h[:m] *= FNV_PRIME
-    out[order] = mix64(h)
+    h = lengths.astype(np.uint64)
+    h ^= FNV_OFFSET
+    shortest, longest = int(lengths.min()), int(lengths.max())
+    start = 0
+    if shortest > 0:  # every value has a first word: no lane selection
+        word = unaligned[starts]
+        word &= _KEEP[np.minimum(lengths, 8)]
+        h ^= word
+        h *= FNV_PRIME
+        start = 1
+    for k in range(start, (longest + 7) // 8):
+        lanes = np.flatnonzero(lengths > 8 * k)
+        word = unaligned[starts[lanes] + 8 * k]
+        word &= _KEEP[np.minimum(lengths[lanes] - 8 * k, 8)]
+        h[lanes] = (h[lanes] ^ word) * FNV_PRIME
+    out = _mix64_inplace(h)
     if array.null_count:
         out[np.asarray(array.is_null())] = 0
     return out
@@ -237,18 +237,24 @@ def partition_list(batch: list[Any], routes: list[int], peers: int) -> Iterator[
 
 
 def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tuple[int, Any]]:
-    """Split an Arrow batch by ``routes`` into ``(worker, part)`` pairs (non-empty only)."""
+    """Split an Arrow batch by ``routes`` into ``(worker, part)`` pairs (non-empty only).
+
+    Large batches on few workers take one vectorized selection per worker; otherwise the rows
+    are put in worker order with one stable radix ``argsort`` of the routes and one ``take``,
+    and each part is a zero-copy slice (fewer calls: cheaper for the small batches exchanges
+    mostly carry).
+    """
     counts = np.bincount(routes, minlength=peers)
     if (counts == len(batch)).any():
         yield int(np.argmax(counts)), batch
         return
-    if peers <= 8:  # one vectorized selection per worker
+    if peers <= 8 and len(batch) > 16_384:
         for worker in range(peers):
             if counts[worker]:
                 yield worker, batch.take(np.flatnonzero(routes == worker))
         return
-    order = np.argsort(routes, kind="stable")
-    reordered = batch.take(order)
+    narrow = routes.astype(np.uint8 if peers <= 256 else np.uint16 if peers <= 65_536 else np.int64)
+    reordered = batch.take(np.argsort(narrow, kind="stable"))
     start = 0
     for worker in range(peers):
         c = int(counts[worker])
