@@ -484,6 +484,51 @@ def write_report(throughput: dict[str, dict[str, Any]], roundtrip: dict[str, dic
     return "\n".join(lines) + "\n"
 
 
+def plot(throughput: dict[str, dict[str, Any]], roundtrip: dict[str, dict[str, Any]], path: Path) -> None:
+    """Save the tables as a PNG: MB/s per transport, epoch round-trip p50/p99 per runtime."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FormatStrFormatter, LogLocator, NullFormatter
+
+    fig, (tput, rtt) = plt.subplots(1, 2, figsize=(15, 5), gridspec_kw={"width_ratios": [3, 2]})
+    names = list(throughput)
+    y = np.arange(len(names))
+    tput.barh(y, [throughput[n]["mb_s"] for n in names], 0.6,
+              label="median trial (grey: reference transports)",
+              color=["tab:blue" if n.startswith("a.") else "tab:gray" for n in names])
+    for i, n in enumerate(names):
+        tput.plot(throughput[n]["all"], [i] * len(throughput[n]["all"]), "k.",
+                  label="each trial" if i == 0 else None)
+    tput.axvline(THROUGHPUT_TARGET, color="red", linestyle="--",
+                 label=f"target ≥ {THROUGHPUT_TARGET:.0f} MB/s (TcpMesh)")
+    tput.set(yticks=y, yticklabels=[f"{n}\nmedian {throughput[n]['mb_s']:,.0f} MB/s" for n in names],
+             xlabel="MB/s (10^6 bytes/s, on the receiver)",
+             title="Arrow batch throughput between two local processes")
+    tput.invert_yaxis()
+    runtimes = list(roundtrip)
+    x = np.arange(len(runtimes))
+    for offset, q in ((-0.2, "p50"), (0.2, "p99")):
+        bars = rtt.bar(x + offset, [roundtrip[r][q] for r in runtimes], 0.4, label=q)
+        rtt.bar_label(bars, fmt="{:.2f}")
+    rtt.axhline(P50_TARGET_MS, color="tab:blue", linestyle="--", label=f"p50 target ≤ {P50_TARGET_MS:g} ms")
+    rtt.axhline(P99_TARGET_MS, color="tab:orange", linestyle="--", label=f"p99 target ≤ {P99_TARGET_MS:g} ms")
+    rtt.set(xticks=x, xticklabels=runtimes, yscale="log", xlabel="runtime",
+            ylabel="epoch round trip, ms (log scale)",
+            title="Epoch round trip, 2 workers (targets apply to spark)")
+    rtt.yaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+    rtt.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+    rtt.yaxis.set_minor_formatter(NullFormatter())
+    rtt.margins(y=0.2)
+    for ax in (tput, rtt):
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=3 if ax is tput else 2)
+    fig.suptitle("Mesh benchmark (shared machine: figures are noisy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 _SKIP_REASONS: dict[str, str] = {}
 
 
@@ -553,12 +598,15 @@ def main() -> None:
         session.stop_session()
     total = time.perf_counter() - begin
     report = write_report(throughput, roundtrip, startup, args, skipped, load, total)
+    if not args.no_write:
+        report += "\n![Throughput per transport and epoch round trip per runtime](mesh.png)\n"
     print()
     print(report)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
         (RESULTS / "mesh.md").write_text(report)
-        print(f"wrote {RESULTS / 'mesh.md'}", file=sys.stderr)
+        plot(throughput, roundtrip, RESULTS / "mesh.png")
+        print(f"wrote {RESULTS / 'mesh.md'} and {RESULTS / 'mesh.png'}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,45 @@ def row(name: str, words: int, job: float, dataflow: float, latencies: list[floa
             f"{percentile(latencies, 50) * 1e3:.2f}", f"{percentile(latencies, 99) * 1e3:.2f}"]
 
 
+def plot(words: int, runs: list[tuple[str, float, float, list[float]]], path: Path) -> None:
+    """Save the table as a PNG: words/s and epoch latency p50/p99 per runtime.
+
+    ``runs``: ``(runtime, job s, dataflow s, epoch latencies in s)``, the figures the table shows.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import EngFormatter, FormatStrFormatter
+
+    y = list(range(len(runs)))
+    fig, (speed, latency) = plt.subplots(1, 2, figsize=(15, 1.1 * len(runs) + 2), sharey=True)
+    for offset, label, values, fmt in (
+        (-0.2, "whole job (execute call)", [words / r[1] for r in runs], "{:,.0f}"),
+        (0.2, "dataflow (inside worker 0)", [words / r[2] for r in runs], "{:,.0f}"),
+    ):
+        speed.bar_label(speed.barh([i + offset for i in y], values, 0.4, label=label), fmt=fmt, padding=2)
+    for offset, label, q in ((-0.2, "p50", 50), (0.2, "p99", 99)):
+        values = [percentile(r[3], q) * 1e3 for r in runs]
+        latency.bar_label(latency.barh([i + offset for i in y], values, 0.4, label=label),
+                          fmt="{:.2f}", padding=2)
+    speed.set(yticks=y, yticklabels=[r[0] for r in runs], xscale="log", xlabel="words/s (log scale)",
+              title=f"Word count throughput ({words:,} words)")
+    speed.xaxis.set_major_formatter(EngFormatter())
+    latency.set(xscale="log", xlabel="epoch latency, ms (log scale)",
+                title="Epoch latency (send → probe passed; plain: count one epoch)")
+    latency.xaxis.set_major_formatter(FormatStrFormatter("%g"))
+    for ax in (speed, latency):
+        ax.margins(x=0.25)
+        ax.grid(True, axis="x", which="both", alpha=0.3)
+        ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.12), ncol=2)
+    speed.invert_yaxis()  # the table's order, top to bottom
+    fig.suptitle(f"Runtimes benchmark: {WORKERS}-worker word count (shared machine: figures are noisy)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=10, help="passes over the topics (default 10)")
@@ -138,11 +177,13 @@ def main() -> None:
     words = sum(len(batches[e % len(batches)][w]) for e in range(epochs) for w in range(WORKERS))
     job = make_job(batches, epochs)
     rows: list[list[str]] = []
+    runs: list[tuple[str, float, float, list[float]]] = []  # the same figures, for the plot
     notes: list[str] = []
 
     expected, seconds, latencies = plain(batches, epochs)
     assert sum(expected.values()) == words
     rows.append(row("plain Python (1 thread)", words, seconds, seconds, latencies))
+    runs.append(("plain Python (1 thread)", seconds, seconds, latencies))
 
     def measure(name: str, runtime: str, **options: Any) -> None:
         start = time.perf_counter()
@@ -154,6 +195,7 @@ def main() -> None:
         if totals != expected:
             raise AssertionError(f"{name}: word counts differ from plain Python")
         rows.append(row(name, words, job_seconds, results[0]["seconds"], results[0]["latencies"]))
+        runs.append((name, job_seconds, results[0]["seconds"], results[0]["latencies"]))
         print(f"  {name}: {job_seconds:.2f} s", file=sys.stderr)
 
     measure("thread", "thread")
@@ -191,6 +233,8 @@ def main() -> None:
         "",
         *table,
         "",
+        "![Words/s and epoch latency p50/p99 per runtime](runtimes.png)",
+        "",
         *notes,
         "",
         "- *job s*: the `execute` call on the driver (starting processes / the Spark stage included).",
@@ -203,6 +247,7 @@ def main() -> None:
     ])
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / "runtimes.md").write_text(text)
+    plot(words, runs, RESULTS / "runtimes.png")
     print(text)
 
 
