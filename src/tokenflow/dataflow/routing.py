@@ -66,7 +66,7 @@ def hash_strings(array: pa.Array) -> np.ndarray:
     if buffers[2] is not None:
         data[: last - first] = np.frombuffer(buffers[2], dtype=np.uint8)[first:last]
     starts = offsets[:-1] - first
-    lengths = np.diff(offsets)
+    lengths = offsets[1:] - offsets[:-1]
     # element p of ``unaligned`` is the little-endian uint64 of bytes p..p+7
     unaligned = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
     h = lengths.astype(np.uint64)

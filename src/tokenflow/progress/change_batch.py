@@ -35,8 +35,11 @@ class ChangeBatch(Generic[K]):
     def update(self, key: K, diff: int) -> None:
         """Add ``diff`` to the count of ``key``."""
         if diff:
-            self._updates.append((key, diff))
-            self._maintain()
+            updates = self._updates
+            updates.append((key, diff))
+            n = len(updates)
+            if n > 32 and n >> 1 >= self._clean:
+                self.compact()
 
     def extend(self, updates: Iterable[tuple[K, int]]) -> None:
         """Add every ``(key, diff)`` of ``updates``."""
@@ -50,7 +53,9 @@ class ChangeBatch(Generic[K]):
 
     def compact(self) -> None:
         """Consolidate: one entry per key with a non-zero total."""
-        if self._clean == len(self._updates) and self._clean <= 1:
+        n = len(self._updates)
+        if n <= 1:  # zero diffs are never stored, so one update is already consolidated
+            self._clean = n
             return
         acc: dict[K, int] = {}
         get = acc.get
