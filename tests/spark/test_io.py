@@ -273,6 +273,21 @@ def test_null_time_is_an_error_naming_column_and_row() -> None:
     assert "'event_time'" in message and "row 2" in message and "null" in message, message
 
 
+def test_whole_float_times_are_integer_times() -> None:
+    (cap,) = run_events([0.0, 1.0, 1.0, 3.0])
+    assert {t: sorted(r["row"] for r in rs) for t, rs in cap.by_time().items()} == \
+        {0: [0], 1: [1, 2], 3: [3]}
+
+
+@pytest.mark.parametrize("bad", [2.5, float("inf"), float("nan")])
+def test_non_integer_float_time_is_an_error_naming_column_row_and_value(bad: float) -> None:
+    with pytest.raises(WorkerError) as excinfo:
+        run_events([0.0, 1.0, bad, 3.0], max_rows=2)  # row 2 is the second batch's first
+    message = _input_error(excinfo)
+    assert "'event_time'" in message and "row 2" in message and repr(bad) in message, message
+    assert "non-integer event time" in message, message
+
+
 @pytest.mark.parametrize("runtime", ["thread", "process"])
 def test_string_time_column_is_an_error_naming_the_column(runtime: str) -> None:
     with pytest.raises(WorkerError) as excinfo:

@@ -28,10 +28,11 @@ class InputError(ValueError):
 
 def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: int) -> np.ndarray:
     """The ``column`` of ``batch`` as int64 times (timestamps become ms since the Unix epoch,
-    floored).
+    floored; floating-point times must hold whole numbers).
 
     Raises:
-        InputError: for a missing column, a non-integer type, or a null (naming the row).
+        InputError: for a missing column, a null, a fractional or non-finite float, or a type
+            that is not an integer, float, date or timestamp (naming the row and value).
     """
     if column not in batch.schema.names:
         raise InputError(f"input {input_name!r}: no time column {column!r} "
@@ -50,6 +51,14 @@ def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: 
         return raw // {"ms": 1, "us": 1000, "ns": 1_000_000}[kind.unit]
     elif pa.types.is_date(kind):
         array = array.cast(pa.date64()).cast(pa.int64())
+    elif pa.types.is_floating(kind):  # e.g. integers that went through pandas with NaN
+        values = array.to_numpy(zero_copy_only=False).astype(np.float64, copy=False)
+        whole = np.isfinite(values) & (values == np.floor(values)) & (np.abs(values) < 2.0**63)
+        if not whole.all():
+            row = int(np.argmin(whole))
+            raise InputError(f"input {input_name!r}: non-integer event time {values[row]!r} in "
+                             f"column {column!r} at row {first_row + row}")
+        return values.astype(np.int64)
     elif not pa.types.is_integer(kind):
         value = array[0].as_py() if len(array) else None
         raise InputError(f"input {input_name!r}: event time column {column!r} has type {kind}, "
