@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
+import pyarrow as pa
+
 from tokenflow.dataflow.capability import Capability, CapabilityError, CapabilityRef
 from tokenflow.dataflow.channels import Pact, Pull, Tee, as_pact
 from tokenflow.order.partial_order import less_equal
@@ -40,6 +42,9 @@ if TYPE_CHECKING:
 
 BATCH_SIZE = 1024
 """Records a ``Session`` buffers before pushing them as one batch."""
+COALESCE_ROWS = 8192
+"""Arrow batches below this many rows given within one invocation are coalesced into
+messages of up to about this many rows (``OperatorOutput``)."""
 
 
 class ProgressSafetyError(RuntimeError):
@@ -148,9 +153,17 @@ class Session:
 
 
 class OperatorOutput:
-    """An operator's output port; data is sent through sessions opened with a token."""
+    """An operator's output port; data is sent through sessions opened with a token.
 
-    __slots__ = ("port", "tee", "produced", "_internal", "_op", "_buffer", "_buffer_time")
+    Within one invocation, consecutive Arrow ``RecordBatch``es given at the same time with the
+    same schema, each under ``COALESCE_ROWS`` rows, travel as one message (concatenated when the
+    invocation ends, the time or schema changes, anything else is sent, or ``COALESCE_ROWS``
+    rows are pending): the cost of a message (routing, channel, progress) is paid per
+    invocation rather than per small batch.  Order on the output is kept.
+    """
+
+    __slots__ = ("port", "tee", "produced", "_internal", "_op", "_buffer", "_buffer_time",
+                 "_arrow", "_arrow_time", "_arrow_rows")
 
     def __init__(self, op: OperatorCore, port: int, tee: Tee) -> None:
         self.port = port
@@ -160,6 +173,9 @@ class OperatorOutput:
         self._op = op
         self._buffer: list[Any] = []
         self._buffer_time: Any = None
+        self._arrow: list[pa.RecordBatch] = []
+        self._arrow_time: Any = None
+        self._arrow_rows = 0
 
     def _time_for(self, cap: Capability | CapabilityRef, time: Any) -> Any:
         if isinstance(cap, Capability):
@@ -203,19 +219,44 @@ class OperatorOutput:
         return Session(self, self._time_for(cap, time))
 
     def give_batch(self, cap: Capability | CapabilityRef, batch: Any, time: Any = None) -> None:
-        """Send ``batch`` at the token's time (or ``time``) in one message."""
+        """Send ``batch`` at the token's time (or ``time``): one message, or part of one when
+        small Arrow batches are coalesced (see the class docstring)."""
         t = self._time_for(cap, time)
         if self._buffer:
             self._flush()
+        if type(batch) is pa.RecordBatch and self._op.running:
+            n = batch.num_rows
+            if 0 < n < COALESCE_ROWS:
+                pending = self._arrow
+                if pending and (self._arrow_time != t or pending[0].schema != batch.schema):
+                    self._flush_arrow()  # starts a new list
+                self._arrow.append(batch)
+                self._arrow_time = t
+                self._arrow_rows += n
+                if self._arrow_rows >= COALESCE_ROWS:
+                    self._flush_arrow()
+                return
         self._push(t, batch)
 
     def _push(self, time: Any, batch: Any) -> None:
+        if self._arrow:
+            self._flush_arrow()
         n = len(batch)
         if n:
             self.produced.update(time, n)
             self.tee.push((time, batch))
 
+    def _flush_arrow(self) -> None:
+        pending = self._arrow
+        self._arrow = []
+        self._arrow_rows = 0
+        batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
+        self.produced.update(self._arrow_time, batch.num_rows)
+        self.tee.push((self._arrow_time, batch))
+
     def _flush(self) -> None:
+        if self._arrow:
+            self._flush_arrow()
         if self._buffer:
             batch = self._buffer
             self._buffer = []

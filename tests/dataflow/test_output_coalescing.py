@@ -1,0 +1,142 @@
+"""Small Arrow batches given within one invocation travel as one message, in order.
+
+``OperatorOutput`` coalesces consecutive ``RecordBatch``es of the same time and schema, each
+under ``COALESCE_ROWS`` rows; anything else (another time, another schema, a list batch, a
+large batch, the end of the invocation) sends what is pending first.  Outside an invocation
+(an ``InputHandle``) every batch is its own message.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+from tokenflow.dataflow.channels import Exchange
+from tokenflow.dataflow.operators.builder import COALESCE_ROWS
+from tokenflow.dataflow.operators.capture import Capture
+from tokenflow.dataflow.operators.generic import unary
+from tokenflow.dataflow.routing import column_routes
+from tokenflow.execute import execute
+from tokenflow.worker import Worker
+
+
+def xs(values: list[int]) -> pa.RecordBatch:
+    return pa.record_batch([pa.array(values, pa.int64())], ["x"])
+
+
+BIG = xs(list(range(COALESCE_ROWS)))
+
+
+def emit_sequence(cap: Any, info: Any) -> Any:
+    """For each input message at ``t``: three small ``x`` batches at ``t``, a list batch, a
+    ``y`` batch, two ``x`` batches at ``t + 1``, a batch of ``COALESCE_ROWS`` rows at ``t + 1``,
+    then one more ``x`` batch at ``t + 1`` (left pending until the invocation ends)."""
+    cap.drop()
+
+    def logic(inp: Any, out: Any) -> None:
+        for ref, _batch in inp:
+            t = ref.time
+            for start in (0, 3, 6):
+                out.give_batch(ref, xs([start, start + 1, start + 2]))
+            out.give_batch(ref, ["list record"])
+            out.give_batch(ref, pa.record_batch([pa.array(["a", "b"])], ["y"]))
+            out.give_batch(ref, xs([10]), time=t + 1)
+            out.give_batch(ref, xs([11, 12]), time=t + 1)
+            out.give_batch(ref, BIG, time=t + 1)
+            out.give_batch(ref, xs([13]), time=t + 1)
+
+    return logic
+
+
+def plain(batch: Any) -> Any:
+    return batch.to_pydict() if isinstance(batch, pa.RecordBatch) else batch
+
+
+def test_one_message_per_run_of_small_batches_in_order() -> None:
+    def job(worker: Worker) -> list[tuple[int, Any]]:
+        def build(scope: Any) -> tuple[Any, Capture]:
+            inp, stream = scope.new_input()
+            return inp, unary(stream, "pipeline", "Emit", emit_sequence).capture()
+
+        inp, cap = worker.dataflow(build)
+        inp.send_batch(["go"])
+        inp.close()
+        worker.step_until_done()
+        return [(t, b) for t, b in cap.events]
+
+    (events,) = execute(job, workers=1)
+    assert [(t, plain(b)) for t, b in events] == [
+        (0, {"x": list(range(9))}),           # three batches, one message
+        (0, ["list record"]),                  # a list batch is sent apart, after them
+        (0, {"y": ["a", "b"]}),                # another schema: its own message
+        (1, {"x": [10, 11, 12]}),              # another time: a new run
+        (1, {"x": list(range(COALESCE_ROWS))}),  # a large batch goes as it is, after the run
+        (1, {"x": [13]}),                      # pending at the end of the invocation: sent
+    ]
+    assert events[4][1] is BIG  # not copied
+
+
+def test_input_handle_batches_are_not_coalesced() -> None:
+    def job(worker: Worker) -> list[int]:
+        def build(scope: Any) -> tuple[Any, Capture]:
+            inp, stream = scope.new_input()
+            return inp, stream.capture()
+
+        inp, cap = worker.dataflow(build)
+        for start in (0, 2, 4):
+            inp.send_batch(xs([start, start + 1]))
+        inp.close()
+        worker.step_until_done()
+        return [b.num_rows for _, b in cap.events]
+
+    assert execute(job, workers=1) == [[2, 2, 2]]
+
+
+@pytest.mark.parametrize("workers", [2, 3])
+def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
+    """Many one-row batches per invocation, exchanged by column: every row arrives once, on
+    the worker of its key, in fewer messages than batches."""
+    rows_per_worker = 500
+
+    def split_rows(cap: Any, info: Any) -> Any:
+        cap.drop()
+
+        def logic(inp: Any, out: Any) -> None:
+            for ref, batch in inp:
+                for i in range(batch.num_rows):
+                    out.give_batch(ref, batch.slice(i, 1))
+
+        return logic
+
+    def job(worker: Worker) -> tuple[list[int], int]:
+        def build(scope: Any) -> tuple[Any, Capture]:
+            inp, stream = scope.new_input()
+            ones = unary(stream, "pipeline", "Split", split_rows)
+            return inp, unary(ones, Exchange(column="x"), "Forward", forward).capture()
+
+        inp, cap = worker.dataflow(build)
+        base = worker.index * rows_per_worker
+        inp.send_batch(xs(list(range(base, base + rows_per_worker))))
+        inp.close()
+        worker.step_until_done()
+        values = [v for _, b in cap.events for v in b.column("x").to_pylist()]
+        return values, len(cap.events)
+
+    results = execute(job, workers=workers)
+    everything = sorted(v for values, _ in results for v in values)
+    assert everything == list(range(workers * rows_per_worker))
+    for w, (values, messages) in enumerate(results):
+        assert column_routes(pa.array(values, pa.int64()), workers).tolist() == [w] * len(values)
+        assert messages < len(values)  # coalesced: not one message per row
+
+
+def forward(cap: Any, info: Any) -> Any:
+    cap.drop()
+
+    def logic(inp: Any, out: Any) -> None:
+        for ref, batch in inp:
+            out.give_batch(ref, batch)
+
+    return logic
