@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 
 from tokenflow import execute
 from tokenflow.dataflow.channels import Exchange
+from tokenflow.dataflow.operators.builder import COALESCE_ROWS
 from tokenflow.dataflow.operators.generic import unary, unary_frontier
 from tokenflow.order.summary import Increment
 from tokenflow.progress import Antichain, Builder, Source, Target
@@ -247,10 +248,11 @@ def dataflow_arrow(batches: list[pa.Array], repeat: int, workers: int,
 
 
 def message_cost(hops: int, workers: int, messages: int = 20_000) -> float:
-    """µs per message of ``messages`` 3-row Arrow batches from an input through ``hops``
-    identity ``map_batch`` operators to a probe (10 messages per epoch, pipeline pacts): the
-    runtime's fixed cost per message, with next to no work per record."""
-    batch = pa.record_batch([pa.array([1, 2, 3])], ["x"])
+    """µs per message of ``messages`` Arrow batches from an input through ``hops`` identity
+    ``map_batch`` operators to a probe (10 messages per epoch, pipeline pacts): the runtime's
+    fixed cost per message, with no work per record.  The batches have ``COALESCE_ROWS`` rows,
+    so each stays its own message (smaller ones given in one invocation would be merged)."""
+    batch = pa.record_batch([pa.array(np.zeros(COALESCE_ROWS, dtype=np.int64))], ["x"])
 
     def job(worker: Any) -> float:
         def build(scope: Any) -> Any:
@@ -458,20 +460,20 @@ def main(argv: list[str] | None = None) -> None:
         "channels, operator invocations, progress tracking) next to the same counting: a",
         "fixed cost per message and operator hop (measured alone in the next section), so it",
         "matters most for small batches.",
-        "`arrow` also routes every batch by word, work the single-process plain loop does not",
-        "do: hashing a batch's distinct words (about 780 of 4,096) and splitting the batch",
-        "costs about half as much as `value_counts` itself (measured apart: about 30 µs",
-        "hashing and 25 µs splitting against 90 µs counting 4,096 words), and every batch",
-        "becomes one message per worker.  `arrow, combined per epoch` routes once per epoch:",
+        "`arrow` also routes the counts by word, work the single-process plain loop does not",
+        "do: hashing the distinct words (about 780 of a 4,096-word batch) and splitting the",
+        "counts costs about half as much as `value_counts` itself (measured apart: about 30 µs",
+        "hashing and 25 µs splitting against 90 µs counting 4,096 words); the small batches one",
+        "invocation sends travel as one message, so this is paid per invocation rather than per",
+        "batch.  `arrow, combined per epoch` routes once per epoch:",
         "each worker first sums its own counts, as a MapReduce combiner would, and pays one",
         "more operator hop per batch instead.  `list` runs a Python key function and a",
         "Python sum per (word, count) pair, per-record work `Counter.update` does in C, so it",
         "stays far below 0.50 at every size.",
         "",
-        "Why routing costs more than hashing and splitting: with one worker the `arrow`",
-        "dataflow (exchange to itself) is as fast as the pipeline one; with two it costs about",
-        "100 µs more per 1,024-word batch, of which hashing and splitting are about 35 µs.  The",
-        "rest is the two worker threads contending for the GIL: an Arrow kernel, or a numpy",
+        "Why routing costs more with two workers than hashing and splitting alone: with one",
+        "worker the `arrow` dataflow (an exchange to itself) runs about as fast as the pipeline",
+        "one; with two, the worker threads contend for the GIL: an Arrow kernel, or a numpy",
         "operation on more than a few hundred elements, releases the GIL, the other busy worker",
         "takes it, and the first waits for it back.  Measured apart, with another thread running",
         "Python: hashing one 4,096-word batch's distinct words takes 230 µs of CPU instead of 33,",
@@ -482,10 +484,11 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "## Runtime cost per message",
         "",
-        "3-row Arrow batches from an input through N identity `map_batch` operators to a probe,",
-        "10 messages per epoch, pipeline pacts: the fixed cost of a message, with next to no",
-        "work per record (median of the trials; with several workers, the total time over the",
-        "messages of all workers).",
+        f"Arrow batches of {COALESCE_ROWS:,} rows (the coalescing limit, so each stays its own",
+        "message) from an input through N identity `map_batch` operators to a probe, 10",
+        "messages per epoch, pipeline pacts: the fixed cost of a message, with no work per",
+        "record (median of the trials; with several workers, the total time over the messages",
+        "of all workers).",
         "",
         "| workers | µs per message, input → probe | µs per message, input → 3 operators → probe "
         "| µs per message per operator |",
