@@ -9,7 +9,9 @@ functions are fixed to the thread runtime, so the jobs here are built from the e
 dataflow-building functions, reading their inputs the way the examples do.
 
 The same function runs through ``tokenflow.execute(fn, workers=W, runtime=R)`` for R in
-thread / process / spark and W in 2, 4 — six jobs in all, two of them Spark barrier stages.
+thread / process / spark and W in 2, 4 — six jobs in all, two of them Spark barrier stages on
+the test session's ``local[4]`` SparkSession — and once more with W = 2 on a ``local[2]`` master
+(exactly two task slots) in a child process with its own SparkSession.
 Per example, the per-epoch records (merged over workers and sorted) must be identical to the
 thread runtime's, and so must each worker's share (routing is by a stable hash, so the same
 worker owns the same keys everywhere).  The thread runtime's output is checked against an
@@ -261,3 +263,45 @@ def test_identical_per_epoch_output_on_every_runtime(example: str, runtime: str,
     assert merged(outputs, example) == merged(reference, example)
     # Each worker's share too: the same worker owns the same keys on every runtime.
     assert [o[example] for o in outputs] == [o[example] for o in reference]
+
+
+# -- spark local[2]: its own SparkSession in a child process ----------------------------------
+
+LOCAL2_SCRIPT = """
+import pickle, sys
+sys.path[:0] = [{tests!r}, {examples!r}]
+import test_differential as d
+from tokenflow import execute
+from tokenflow.spark import session
+spark = session.get_session("local[2]")
+assert spark.sparkContext.master == "local[2]", spark.sparkContext.master
+out = execute(d.all_examples, workers=2, runtime="spark", spark=spark)
+with open({path!r}, "wb") as f:
+    pickle.dump(out, f)
+spark.stop()
+"""
+
+
+@pytest.mark.spark
+def test_spark_local2_matches_thread(request: pytest.FixtureRequest, tmp_path: Any) -> None:
+    """The 2-worker job on a ``local[2]`` master (exactly two task slots) gives the thread
+    runtime's output, per example and per worker.  The test session's own SparkSession is
+    ``local[4]`` and a process holds one, so this runs in a child process."""
+    import pickle
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    path = tmp_path / "outputs.pickle"
+    script = LOCAL2_SCRIPT.format(tests=str(here), examples=str(here.parents[1] / "examples"),
+                                  path=str(path))
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with path.open("rb") as f:
+        outputs = pickle.load(f)  # written by the child above: trusted
+    reference = results("thread", 2, request)
+    for example in RUNNERS:
+        if example in PRESENT:
+            assert merged(outputs, example) == merged(reference, example), example
+            assert [o[example] for o in outputs] == [o[example] for o in reference], example
