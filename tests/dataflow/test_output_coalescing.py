@@ -13,7 +13,6 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import COALESCE_ROWS
 from tokenflow.dataflow.operators.capture import Capture
 from tokenflow.dataflow.operators.generic import unary
@@ -114,7 +113,7 @@ def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
         def build(scope: Any) -> tuple[Any, Capture]:
             inp, stream = scope.new_input()
             ones = unary(stream, "pipeline", "Split", split_rows)
-            return inp, unary(ones, Exchange(column="x"), "Forward", forward).capture()
+            return inp, ones.exchange(column="x").capture()
 
         inp, cap = worker.dataflow(build)
         base = worker.index * rows_per_worker
@@ -131,12 +130,3 @@ def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
         assert column_routes(pa.array(values, pa.int64()), workers).tolist() == [w] * len(values)
         assert messages < len(values)  # coalesced: not one message per row
 
-
-def forward(cap: Any, info: Any) -> Any:
-    cap.drop()
-
-    def logic(inp: Any, out: Any) -> None:
-        for ref, batch in inp:
-            out.give_batch(ref, batch)
-
-    return logic

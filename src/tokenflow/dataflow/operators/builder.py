@@ -227,9 +227,8 @@ class OperatorOutput:
         if type(batch) is pa.RecordBatch and self._op.running:
             n = batch.num_rows
             if 0 < n < COALESCE_ROWS:
-                pending = self._arrow
-                if pending and (self._arrow_time != t or pending[0].schema != batch.schema):
-                    self._flush_arrow()  # starts a new list
+                if self._arrow and (self._arrow_time != t or self._arrow[0].schema != batch.schema):
+                    self._flush_arrow()
                 self._arrow.append(batch)
                 self._arrow_time = t
                 self._arrow_rows += n
@@ -241,6 +240,9 @@ class OperatorOutput:
     def _push(self, time: Any, batch: Any) -> None:
         if self._arrow:
             self._flush_arrow()
+        self._emit(time, batch)
+
+    def _emit(self, time: Any, batch: Any) -> None:
         n = len(batch)
         if n:
             self.produced.update(time, n)
@@ -250,9 +252,7 @@ class OperatorOutput:
         pending = self._arrow
         self._arrow = []
         self._arrow_rows = 0
-        batch = pending[0] if len(pending) == 1 else pa.concat_batches(pending)
-        self.produced.update(self._arrow_time, batch.num_rows)
-        self.tee.push((self._arrow_time, batch))
+        self._emit(self._arrow_time, pending[0] if len(pending) == 1 else pa.concat_batches(pending))
 
     def _flush(self) -> None:
         if self._arrow:

@@ -11,7 +11,7 @@ Units: times and window bounds are ms since the Unix epoch (the logical times of
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -57,6 +57,31 @@ def drain(input: OperatorInput) -> tuple[list[Any], CapabilityRef | None]:
         if least is None or ref.time < least.time:
             least = ref
     return batches, least
+
+
+class WindowTokens:
+    """One token per open window, held at the window's end (paper §5).
+
+    ``initial`` mints the tokens of the windows a restored state already holds; ``mint`` adds
+    one for each new window end from an invocation's least message ref; ``pop`` hands a
+    window's token over when it is retired (the caller sends with it, then drops it).
+    """
+
+    __slots__ = ("_tokens",)
+
+    def __init__(self, initial: Capability, ends: Iterable[int]) -> None:
+        self._tokens: dict[int, Capability] = {t: initial.delayed(t) for t in ends}
+
+    def mint(self, least: CapabilityRef, ends: Iterable[int]) -> None:
+        """A token at each of ``ends`` not held yet, from ``least`` (valid this invocation)."""
+        tokens = self._tokens
+        for end in ends:
+            if end not in tokens:
+                tokens[end] = least.delayed(end)
+
+    def pop(self, end: int) -> Capability:
+        """The token of the window ending at ``end``, no longer held here."""
+        return self._tokens.pop(end)
 
 
 def coalesce(stream: Stream, name: str = "Coalesce") -> Stream:
@@ -219,7 +244,7 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     held = state if state is not None else WindowMaxState(value, schema)
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
-        tokens: dict[int, Capability] = {t: capability.delayed(t) for t in held.pending_times()}
+        tokens = WindowTokens(capability, held.pending_times())
         capability.drop()
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -229,9 +254,7 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
                 if prepare is not None:
                     table = prepare(table)
                 held.add(table)
-                for end in held.windows:
-                    if end not in tokens:
-                        tokens[end] = least.delayed(end)
+                tokens.mint(least, held.windows)
             for end, rows in held.retire(frontier_bound(input.frontier), inclusive):
                 cap = tokens.pop(end)
                 if rows.num_rows:
@@ -243,5 +266,5 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     return unary_frontier(stream, pact, name, constructor)
 
 
-__all__ = ["WindowMaxState", "coalesce", "concat", "drain", "frontier_bound", "group_slices", "int_column",
-           "passed", "to_batch", "window_max"]
+__all__ = ["WindowMaxState", "WindowTokens", "coalesce", "concat", "drain", "frontier_bound",
+           "group_slices", "int_column", "passed", "to_batch", "window_max"]

@@ -40,6 +40,7 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
+    WindowTokens,
     concat,
     drain,
     frontier_bound,
@@ -216,7 +217,7 @@ def count_candidates(partials: Stream, state: WindowCounts | None = None,
     held = state if state is not None else WindowCounts()
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
-        tokens: dict[int, Capability] = {t: capability.delayed(t) for t in held.pending_times()}
+        tokens = WindowTokens(capability, held.pending_times())
         capability.drop()
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -225,9 +226,7 @@ def count_candidates(partials: Stream, state: WindowCounts | None = None,
                 table = concat(batches)
                 held.add(int_column(table, "window_start"), int_column(table, "auction"),
                          int_column(table, "count"))
-                for end in held.partials:
-                    if end not in tokens:
-                        tokens[end] = least.delayed(end)
+                tokens.mint(least, held.partials)
             for batch in held.retire(frontier_bound(input.frontier)):
                 cap = tokens.pop(int(batch.column("window_end")[0].as_py()))
                 output.give_batch(cap, batch)
