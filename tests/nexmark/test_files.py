@@ -11,7 +11,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -98,25 +100,25 @@ def test_missing_column_names_it(events_dir: Path, tmp_path: Path) -> None:
         read_events(root)
 
 
+def _replace_column(path: Path, name: str, make: Callable[[list[Any]], pa.Array]) -> None:
+    """Rewrite the Parquet file at ``path`` with column ``name`` replaced by ``make(values)``."""
+    table = pq.read_table(path)
+    column = make(table.column(name).to_pylist())
+    pq.write_table(table.set_column(table.schema.get_field_index(name), name, column), path)
+
+
 def test_wrong_type_names_the_column(events_dir: Path, tmp_path: Path) -> None:
     root = _copy(events_dir, tmp_path)
-    path = root / "bid" / "part-0.parquet"
-    table = pq.read_table(path)
-    words = pa.array([f"p{v}" for v in table.column("price").to_pylist()])
-    pq.write_table(table.set_column(table.schema.get_field_index("price"), "price", words), path)
+    _replace_column(root / "bid" / "part-0.parquet", "price",
+                    lambda prices: pa.array([f"p{v}" for v in prices]))
     with pytest.raises(InputError, match=r"column 'price' has type string, expected int64"):
         read_events(root)
 
 
 def test_null_event_time_names_the_row(events_dir: Path, tmp_path: Path) -> None:
     root = _copy(events_dir, tmp_path)
-    path = root / "person" / "part-0.parquet"
-    table = pq.read_table(path)
-    times = table.column("dateTime").to_pylist()
-    times[5] = None
-    table = table.set_column(table.schema.get_field_index("dateTime"), "dateTime",
-                             pa.array(times, pa.int64()))
-    pq.write_table(table, path)
+    _replace_column(root / "person" / "part-0.parquet", "dateTime",
+                    lambda times: pa.array(times[:5] + [None] + times[6:], pa.int64()))
     with pytest.raises(InputError, match=r"null event time in column 'dateTime' at row 5"):
         read_events(root)
 

@@ -15,11 +15,10 @@ import os
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tokenflow.nexmark.generator import KINDS, SCHEMAS
-from tokenflow.spark.io import InputError
+from tokenflow.spark.io import InputError, event_times
 
 
 def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
@@ -54,11 +53,7 @@ def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
                                  f"expected {field.type}") from exc
         columns.append(column)
     table = pa.Table.from_arrays(columns, schema=schema)
-    times = table.column("dateTime")
-    if times.null_count:
-        row = int(pc.index(times.is_null(), True).as_py())
-        raise InputError(f"{path!r}: null event time in column 'dateTime' at row {row}")
-    values = times.to_numpy()
+    values = event_times(table, "dateTime", path, 0)  # raises on a null, naming the row
     if len(values) > 1 and (np.diff(values) < 0).any():
         table = table.take(np.argsort(values, kind="stable"))
     return table.combine_chunks()

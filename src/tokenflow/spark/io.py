@@ -26,7 +26,8 @@ class InputError(ValueError):
     """Bad input data: names the input, column, row and value."""
 
 
-def event_times(batch: pa.RecordBatch, column: str, input_name: str, first_row: int) -> np.ndarray:
+def event_times(batch: pa.RecordBatch | pa.Table, column: str, input_name: str,
+                first_row: int) -> np.ndarray:
     """The ``column`` of ``batch`` as int64 times (timestamps become ms since the Unix epoch,
     floored; floating-point times must hold whole numbers).
 
