@@ -70,6 +70,26 @@ def dataflow_time(results: list[tuple[float, float, int]]) -> tuple[float, int]:
             sum(r[2] for r in results))
 
 
+def feed(worker: Any, inp: Any, cap: Any, batches: list[Any], repeat: int) -> tuple[float, float, int]:
+    """Send ``repeat`` passes over ``batches`` (this worker's share: every ``peers``-th batch of
+    each epoch of ``EPOCH_BATCHES``), stepping once per epoch; run to completion.  Returns
+    ``(start, end, total)`` for ``dataflow_time``: the ``perf_counter`` bounds and the sum of
+    the captured counts."""
+    start = time.perf_counter()
+    epoch = 0
+    for _ in range(repeat):
+        for e in range(0, len(batches), EPOCH_BATCHES):
+            for j, b in enumerate(batches[e : e + EPOCH_BATCHES]):
+                if j % worker.peers == worker.index:
+                    inp.send_batch(b)
+            epoch += 1
+            inp.advance_to(epoch)
+            worker.step()
+    inp.close()
+    worker.step_until_done()
+    return start, time.perf_counter(), sum(sum(b) for _, b in cap.events)
+
+
 # -- list variant ---------------------------------------------------------------------------
 
 
@@ -131,19 +151,7 @@ def dataflow_list(batches: list[list[str]], repeat: int, workers: int) -> tuple[
             return inp, sums.capture()
 
         inp, cap = worker.dataflow(build)
-        start = time.perf_counter()
-        epoch = 0
-        for _ in range(repeat):
-            for e in range(0, len(batches), EPOCH_BATCHES):
-                for j, b in enumerate(batches[e : e + EPOCH_BATCHES]):
-                    if j % worker.peers == worker.index:
-                        inp.send_batch(b)
-                epoch += 1
-                inp.advance_to(epoch)
-                worker.step()
-        inp.close()
-        worker.step_until_done()
-        return start, time.perf_counter(), sum(sum(b) for _, b in cap.events)
+        return feed(worker, inp, cap, batches, repeat)
 
     return dataflow_time(execute(job, workers=workers))
 
@@ -241,19 +249,7 @@ def dataflow_arrow(batches: list[pa.Array], repeat: int, workers: int,
             return inp, sums.capture()
 
         inp, cap = worker.dataflow(build)
-        start = time.perf_counter()
-        epoch = 0
-        for _ in range(repeat):
-            for e in range(0, len(batches), EPOCH_BATCHES):
-                for j, b in enumerate(batches[e : e + EPOCH_BATCHES]):
-                    if j % worker.peers == worker.index:
-                        inp.send_batch(b)
-                epoch += 1
-                inp.advance_to(epoch)
-                worker.step()
-        inp.close()
-        worker.step_until_done()
-        return start, time.perf_counter(), sum(sum(b) for _, b in cap.events)
+        return feed(worker, inp, cap, batches, repeat)
 
     return dataflow_time(execute(job, workers=workers, runtime=runtime))
 
@@ -314,8 +310,14 @@ def chain_propagation(length: int, epochs: int) -> float:
     return elapsed / (2 * epochs) * 1e6
 
 
-VARIANTS = ("list", "arrow", "arrow, combined per epoch", "arrow, pipeline",
-            "arrow, process runtime")
+ARROW_VARIANTS = {
+    "arrow": ("exchange", "thread"),
+    "arrow, combined per epoch": ("combine", "thread"),
+    "arrow, pipeline": ("pipeline", "thread"),
+    "arrow, process runtime": ("exchange", "process"),
+}
+"""Arrow variant → ``(mode, runtime)`` of ``dataflow_arrow``."""
+VARIANTS = ("list", *ARROW_VARIANTS)
 
 Row = tuple[str, int, float, float, float]
 """(variant, words per batch, plain words/s, dataflow words/s, ratio)."""
@@ -387,11 +389,8 @@ def measure(variant: str, batch: int, words: list[str], repeat: int, workers: in
     if variant != "list":
         batches = [pa.array(b, type=pa.string()) for b in list_batches]
         plain = plain_arrow
-        flow = functools.partial(dataflow_arrow, mode={"arrow": "exchange",
-                                                       "arrow, combined per epoch": "combine",
-                                                       "arrow, pipeline": "pipeline",
-                                                       "arrow, process runtime": "exchange"}[variant],
-                                 runtime="process" if variant == "arrow, process runtime" else "thread")
+        mode, runtime = ARROW_VARIANTS[variant]
+        flow = functools.partial(dataflow_arrow, mode=mode, runtime=runtime)
     n = len(words) * repeat
     plain_t, flow_t = [], []
     for _ in range(trials):  # alternate so both see the same machine load
