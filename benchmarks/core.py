@@ -31,6 +31,7 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import operator
 import platform
 import re
 import statistics
@@ -121,16 +122,17 @@ def preaggregate(stream: Any) -> Any:
 def sum_per_epoch(stream: Any, pact: Any) -> Any:
     def constructor(cap: Any, info: Any) -> Any:
         cap.drop()
-        pending: dict[int, tuple[Any, collections.Counter[str]]] = {}
+        pending: dict[int, tuple[Any, dict[str, int]]] = {}
 
         def logic(inp: Any, out: Any) -> None:
             for ref, batch in inp:
                 entry = pending.get(ref.time)
                 if entry is None:
-                    entry = pending[ref.time] = (ref.retain(), collections.Counter())
+                    entry = pending[ref.time] = (ref.retain(), {})
                 counts = entry[1]
+                get = counts.get  # a dict, not a Counter: Counter calls __missing__ in Python
                 for word, c in batch:
-                    counts[word] += c
+                    counts[word] = get(word, 0) + c
             for t in sorted(pending):
                 if inp.frontier.less_equal(t):
                     break
@@ -147,7 +149,7 @@ def dataflow_list(batches: list[list[str]], repeat: int, workers: int) -> tuple[
     def job(worker: Any) -> tuple[float, float, int]:
         def build(scope: Any) -> Any:
             inp, words = scope.new_input()
-            sums = sum_per_epoch(preaggregate(words), Exchange(lambda kv: kv[0]))
+            sums = sum_per_epoch(preaggregate(words), Exchange(operator.itemgetter(0)))
             return inp, sums.capture()
 
         inp, cap = worker.dataflow(build)

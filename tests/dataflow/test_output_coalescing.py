@@ -1,9 +1,10 @@
-"""Small Arrow batches given within one invocation travel as one message, in order.
+"""Small batches given within one invocation travel as one message, in order.
 
 ``OperatorOutput`` coalesces consecutive ``RecordBatch``es of the same time and schema, each
-under ``COALESCE_ROWS`` rows; anything else (another time, another schema, a list batch, a
-large batch, the end of the invocation) sends what is pending first.  Outside an invocation
-(an ``InputHandle``) every batch is its own message.
+under ``COALESCE_ROWS`` rows, and consecutive small ``list`` batches of the same time;
+anything else (another time, another schema, the other kind of batch, a large batch, the end
+of the invocation) sends what is pending first.  Outside an invocation (an ``InputHandle``)
+every batch is its own message.
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ BIG = xs(list(range(COALESCE_ROWS)))
 
 
 def emit_sequence(cap: Any, info: Any) -> Any:
-    """For each input message at ``t``: three small ``x`` batches at ``t``, a list batch, a
-    ``y`` batch, two ``x`` batches at ``t + 1``, a batch of ``COALESCE_ROWS`` rows at ``t + 1``,
-    then one more ``x`` batch at ``t + 1`` (left pending until the invocation ends)."""
+    """For each input message at ``t``: three small ``x`` batches at ``t``, two list batches,
+    a ``y`` batch, two ``x`` batches at ``t + 1``, a batch of ``COALESCE_ROWS`` rows at
+    ``t + 1``, one more ``x`` batch at ``t + 1``, then list batches at ``t + 1``, ``t`` and
+    ``t`` (the last left pending until the invocation ends)."""
     cap.drop()
 
     def logic(inp: Any, out: Any) -> None:
@@ -39,12 +41,18 @@ def emit_sequence(cap: Any, info: Any) -> Any:
             t = ref.time
             for start in (0, 3, 6):
                 out.give_batch(ref, xs([start, start + 1, start + 2]))
-            out.give_batch(ref, ["list record"])
+            given = ["list record"]
+            out.give_batch(ref, given)
+            given.append("appended after giving")  # the output keeps its own copy
+            out.give_batch(ref, ["second", "list"])
             out.give_batch(ref, pa.record_batch([pa.array(["a", "b"])], ["y"]))
             out.give_batch(ref, xs([10]), time=t + 1)
             out.give_batch(ref, xs([11, 12]), time=t + 1)
             out.give_batch(ref, BIG, time=t + 1)
             out.give_batch(ref, xs([13]), time=t + 1)
+            out.give_batch(ref, ["at t+1"], time=t + 1)
+            out.give_batch(ref, ["back at t"])
+            out.give_batch(ref, ["still t"])
 
     return logic
 
@@ -68,11 +76,13 @@ def test_one_message_per_run_of_small_batches_in_order() -> None:
     (events,) = execute(job, workers=1)
     assert [(t, plain(b)) for t, b in events] == [
         (0, {"x": list(range(9))}),           # three batches, one message
-        (0, ["list record"]),                  # a list batch is sent apart, after them
+        (0, ["list record", "second", "list"]),  # list batches: one message, after them
         (0, {"y": ["a", "b"]}),                # another schema: its own message
         (1, {"x": [10, 11, 12]}),              # another time: a new run
         (1, {"x": list(range(COALESCE_ROWS))}),  # a large batch goes as it is, after the run
-        (1, {"x": [13]}),                      # pending at the end of the invocation: sent
+        (1, {"x": [13]}),                      # a list batch sends the pending run first
+        (1, ["at t+1"]),                       # another time: a new list message
+        (0, ["back at t", "still t"]),         # pending at the end of the invocation: sent
     ]
     assert events[4][1] is BIG  # not copied
 
@@ -130,3 +140,38 @@ def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
         assert column_routes(pa.array(values, pa.int64()), workers).tolist() == [w] * len(values)
         assert messages < len(values)  # coalesced: not one message per row
 
+
+
+def test_large_list_batches_pass_uncopied_and_runs_stop_at_the_limit() -> None:
+    """A list of ``COALESCE_ROWS`` records is its own message, the very object given; small
+    lists are sent once ``COALESCE_ROWS`` records are pending."""
+    big = list(range(COALESCE_ROWS))
+    half = COALESCE_ROWS // 2
+
+    def emit(cap: Any, info: Any) -> Any:
+        cap.drop()
+
+        def logic(inp: Any, out: Any) -> None:
+            for ref, _batch in inp:
+                out.give_batch(ref, [-1])
+                out.give_batch(ref, big)
+                for _ in range(3):
+                    out.give_batch(ref, list(range(half)))
+
+        return logic
+
+    def job(worker: Worker) -> list[Any]:
+        def build(scope: Any) -> tuple[Any, Capture]:
+            inp, stream = scope.new_input()
+            return inp, unary(stream, "pipeline", "Emit", emit).capture()
+
+        inp, cap = worker.dataflow(build)
+        inp.send_batch(["go"])
+        inp.close()
+        worker.step_until_done()
+        return [b for _, b in cap.events]
+
+    (batches,) = execute(job, workers=1)
+    assert [len(b) for b in batches] == [1, COALESCE_ROWS, COALESCE_ROWS, half]
+    assert batches[1] is big
+    assert batches[2] == list(range(half)) * 2

@@ -215,22 +215,24 @@ class KeyRouter:
 
 
 def partition_list(batch: list[Any], routes: list[int], peers: int) -> Iterator[tuple[int, list[Any]]]:
-    """Split ``batch`` by ``routes`` into ``(worker, part)`` pairs (non-empty parts only)."""
+    """Split ``batch`` by ``routes`` into ``(worker, part)`` pairs (non-empty parts only, in
+    worker order, each part keeping the batch's order).
+
+    Pure C-level list operations (``list.count``, a stable ``sorted`` keyed by the routes,
+    ``itemgetter``) rather than numpy: numpy's sort releases the GIL, and on the ``thread``
+    runtime each release hands the GIL to another busy worker and waits to get it back.
+    """
     n = len(batch)
-    if n == 1:
-        yield routes[0], batch
-        return
-    arr = np.array(routes, dtype=np.int64)
     first = routes[0]
-    if not (arr != first).any():
+    count_first = routes.count(first)
+    if count_first == n:
         yield first, batch
         return
-    order = np.argsort(arr, kind="stable")
-    counts = np.bincount(arr, minlength=peers)
-    reordered = itemgetter(*order.tolist())(batch)
+    order = sorted(range(n), key=routes.__getitem__)
+    reordered = itemgetter(*order)(batch)
     start = 0
     for worker in range(peers):
-        c = int(counts[worker])
+        c = count_first if worker == first else routes.count(worker)
         if c:
             yield worker, list(reordered[start : start + c])
             start += c

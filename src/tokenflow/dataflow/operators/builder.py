@@ -43,8 +43,8 @@ if TYPE_CHECKING:
 BATCH_SIZE = 1024
 """Records a ``Session`` buffers before pushing them as one batch."""
 COALESCE_ROWS = 8192
-"""Arrow batches below this many rows given within one invocation are coalesced into
-messages of up to about this many rows (``OperatorOutput``)."""
+"""Arrow and list batches below this many rows given within one invocation are coalesced
+into messages of up to about this many rows (``OperatorOutput``)."""
 
 
 class ProgressSafetyError(RuntimeError):
@@ -158,8 +158,10 @@ class OperatorOutput:
     Within one invocation, consecutive Arrow ``RecordBatch``es given at the same time with the
     same schema, each under ``COALESCE_ROWS`` rows, travel as one message (concatenated when the
     invocation ends, the time or schema changes, anything else is sent, or ``COALESCE_ROWS``
-    rows are pending): the cost of a message (routing, channel, progress) is paid per
-    invocation rather than per small batch.  Order on the output is kept.
+    rows are pending); so do consecutive ``list`` batches under ``COALESCE_ROWS`` records
+    given at the same time (copied into one list, with the records of ``Session.give``): the
+    cost of a message (routing, channel, progress) is paid per invocation rather than per
+    small batch.  Order on the output is kept.
     """
 
     __slots__ = ("port", "tee", "produced", "_internal", "_op", "_buffer", "_buffer_time",
@@ -220,8 +222,18 @@ class OperatorOutput:
 
     def give_batch(self, cap: Capability | CapabilityRef, batch: Any, time: Any = None) -> None:
         """Send ``batch`` at the token's time (or ``time``): one message, or part of one when
-        small Arrow batches are coalesced (see the class docstring)."""
+        small batches are coalesced (see the class docstring)."""
         t = self._time_for(cap, time)
+        if type(batch) is list and self._op.running and len(batch) < COALESCE_ROWS:
+            if self._arrow:
+                self._flush_arrow()
+            if self._buffer and self._buffer_time != t:
+                self._flush()
+            self._buffer_time = t
+            self._buffer.extend(batch)
+            if len(self._buffer) >= COALESCE_ROWS:
+                self._flush()
+            return
         if self._buffer:
             self._flush()
         if type(batch) is pa.RecordBatch and self._op.running:
