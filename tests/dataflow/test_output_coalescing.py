@@ -61,11 +61,14 @@ def plain(batch: Any) -> Any:
     return batch.to_pydict() if isinstance(batch, pa.RecordBatch) else batch
 
 
-def test_one_message_per_run_of_small_batches_in_order() -> None:
+def emitted(constructor: Any) -> list[tuple[int, Any]]:
+    """The ``(time, batch)`` messages a ``unary`` operator built by ``constructor`` sends on one
+    worker when it is given a single input message at time 0."""
+
     def job(worker: Worker) -> list[tuple[int, Any]]:
         def build(scope: Any) -> tuple[Any, Capture]:
             inp, stream = scope.new_input()
-            return inp, unary(stream, "pipeline", "Emit", emit_sequence).capture()
+            return inp, unary(stream, "pipeline", "Emit", constructor).capture()
 
         inp, cap = worker.dataflow(build)
         inp.send_batch(["go"])
@@ -74,6 +77,11 @@ def test_one_message_per_run_of_small_batches_in_order() -> None:
         return [(t, b) for t, b in cap.events]
 
     (events,) = execute(job, workers=1)
+    return events
+
+
+def test_one_message_per_run_of_small_batches_in_order() -> None:
+    events = emitted(emit_sequence)
     assert [(t, plain(b)) for t, b in events] == [
         (0, {"x": list(range(9))}),           # three batches, one message
         (0, ["list record", "second", "list"]),  # list batches: one message, after them
@@ -141,7 +149,6 @@ def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
         assert messages < len(values)  # coalesced: not one message per row
 
 
-
 def test_large_list_batches_pass_uncopied_and_runs_stop_at_the_limit() -> None:
     """A list of ``COALESCE_ROWS`` records is its own message, the very object given; small
     lists are sent once ``COALESCE_ROWS`` records are pending."""
@@ -160,18 +167,7 @@ def test_large_list_batches_pass_uncopied_and_runs_stop_at_the_limit() -> None:
 
         return logic
 
-    def job(worker: Worker) -> list[Any]:
-        def build(scope: Any) -> tuple[Any, Capture]:
-            inp, stream = scope.new_input()
-            return inp, unary(stream, "pipeline", "Emit", emit).capture()
-
-        inp, cap = worker.dataflow(build)
-        inp.send_batch(["go"])
-        inp.close()
-        worker.step_until_done()
-        return [b for _, b in cap.events]
-
-    (batches,) = execute(job, workers=1)
+    batches = [b for _, b in emitted(emit)]
     assert [len(b) for b in batches] == [1, COALESCE_ROWS, COALESCE_ROWS, half]
     assert batches[1] is big
     assert batches[2] == list(range(half)) * 2

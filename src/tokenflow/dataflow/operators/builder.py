@@ -130,13 +130,7 @@ class Session:
 
     def give_iterator(self, records: Any) -> None:
         """Send every record of an iterable."""
-        out = self._output
-        if out._buffer_time != self._time:
-            out._flush()
-            out._buffer_time = self._time
-        out._buffer.extend(records)
-        if len(out._buffer) >= BATCH_SIZE:
-            out._flush()
+        self._output._extend(self._time, records, BATCH_SIZE)
 
     def give_batch(self, batch: Any) -> None:
         """Send a whole batch (``list`` or ``RecordBatch``) without copying it."""
@@ -225,14 +219,7 @@ class OperatorOutput:
         small batches are coalesced (see the class docstring)."""
         t = self._time_for(cap, time)
         if type(batch) is list and self._op.running and len(batch) < COALESCE_ROWS:
-            if self._arrow:
-                self._flush_arrow()
-            if self._buffer and self._buffer_time != t:
-                self._flush()
-            self._buffer_time = t
-            self._buffer.extend(batch)
-            if len(self._buffer) >= COALESCE_ROWS:
-                self._flush()
+            self._extend(t, batch, COALESCE_ROWS)
             return
         if self._buffer:
             self._flush()
@@ -248,6 +235,16 @@ class OperatorOutput:
                     self._flush_arrow()
                 return
         self._push(t, batch)
+
+    def _extend(self, time: Any, records: Any, limit: int) -> None:
+        """Add ``records`` to the list buffer at ``time`` (sending what is pending first when
+        the time changes); send the buffer once it holds ``limit`` records or more."""
+        if self._buffer_time != time:
+            self._flush()
+            self._buffer_time = time
+        self._buffer.extend(records)
+        if len(self._buffer) >= limit:
+            self._flush()
 
     def _push(self, time: Any, batch: Any) -> None:
         if self._arrow:
