@@ -5,28 +5,33 @@ Source: DESIGN.md ("Data plane": "Exchange routes by a stable hash, never Python
 for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
 
 * integers (``int`` keys, integer columns): ``mix64(value as uint64)``;
-* strings and bytes: a multiply-xor over the UTF-8 bytes in 8-byte words, then ``mix64``
-  (``hash_strings``);
+* strings and bytes: a polynomial over the UTF-8 bytes, then ``mix64`` (``hash_strings``);
 * anything else: the string hash of ``str(key)``;
 
 where ``mix64`` is the SplitMix64 finalizer (so ``hash % peers`` spreads evenly).  Strings are
-hashed with numpy over the Arrow buffers, one vector operation per byte position.
+hashed with numpy over the Arrow buffers in a fixed number of vector operations per batch (a
+prefix sum over all the bytes), whatever the strings' lengths: on the ``thread`` runtime every
+numpy call on more than a few hundred elements hands the GIL to another worker, so the number of
+calls, not only the work, is the cost.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator, Sequence
+from itertools import pairwise
 from operator import itemgetter
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
 
-FNV_OFFSET = np.uint64(0xCBF29CE484222325)
-FNV_PRIME = np.uint64(0x100000001B3)
+POLY_BASE = 0x9E3779B97F4A7C15
+"""The odd base ``B`` of the string polynomial (invertible modulo 2**64)."""
+_POLY_BASE_INVERSE = pow(POLY_BASE, -1, 2**64)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
-_KEEP = np.array([(1 << (8 * r)) - 1 for r in range(8)] + [2**64 - 1], dtype=np.uint64)
-"""``_KEEP[r]`` keeps the low ``r`` bytes of a word."""
+SPAN_BYTES = 1 << 20
+"""Bytes hashed per prefix sum: a larger batch is hashed in row ranges of about this size."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
@@ -44,13 +49,44 @@ def _mix64_inplace(x: np.ndarray) -> np.ndarray:
     return x
 
 
-def hash_strings(array: pa.Array) -> np.ndarray:
-    """Hashes of an Arrow string/binary array's values (nulls → 0).
+class _Powers:
+    """``B**j`` and ``B**-j`` modulo 2**64 for ``j < size``, grown by doubling (thread-safe:
+    readers take the current pair, a grower replaces it whole)."""
 
-    For value bytes ``b``: ``h = FNV_OFFSET ^ len(b)``; for each 8-byte little-endian word
-    ``w`` of ``b`` (the last one zero-padded): ``h = (h ^ w) * FNV_PRIME mod 2**64``; the
-    result is ``mix64(h)``.  Vectorized: one gather per 8-byte position, over all values for
-    the first word and over the values longer than ``8 * k`` bytes for word ``k``.
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.tables = self._build(1 << 12)
+
+    @staticmethod
+    def _build(size: int) -> tuple[np.ndarray, np.ndarray]:
+        out = []
+        for base in (POLY_BASE, _POLY_BASE_INVERSE):
+            table = np.full(size, base, dtype=np.uint64)
+            table[0] = 1
+            np.multiply.accumulate(table, out=table)
+            out.append(table)
+        return out[0], out[1]
+
+    def at_least(self, size: int) -> tuple[np.ndarray, np.ndarray]:
+        tables = self.tables
+        if len(tables[0]) >= size:
+            return tables
+        with self._lock:
+            if len(self.tables[0]) < size:
+                self.tables = self._build(1 << (size - 1).bit_length())
+            return self.tables
+
+
+_POWERS = _Powers()
+
+
+def hash_strings(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Hashes (uint64, one per value) of an Arrow string or binary array; nulls hash to 0.
+
+    For value bytes ``b`` of length ``n``: ``mix64((sum(b[j] * B**j) mod 2**64) ^ n)`` with
+    ``B = POLY_BASE``.  Vectorized over the whole data buffer: ``P[k] = sum(b[j] * B**j, j < k)``
+    by one multiply and one cumulative sum, then per value ``(P[end] - P[start]) * B**-start``
+    (``B`` is odd, so invertible); about fifteen numpy calls per ``SPAN_BYTES`` of data.
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
@@ -58,36 +94,42 @@ def hash_strings(array: pa.Array) -> np.ndarray:
     if n == 0:
         return np.zeros(0, dtype=np.uint64)
     large = pa.types.is_large_string(array.type) or pa.types.is_large_binary(array.type)
+    width = 8 if large else 4
     buffers = array.buffers()
-    offsets: np.ndarray = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32)
-    offsets = offsets[array.offset : array.offset + n + 1].astype(np.int64)
-    first, last = int(offsets[0]), int(offsets[-1])
-    data = np.zeros(last - first + 8, dtype=np.uint8)  # zero tail: reads past the end
-    if buffers[2] is not None:
-        data[: last - first] = np.frombuffer(buffers[2], dtype=np.uint8)[first:last]
-    starts = offsets[:-1] - first
-    lengths = offsets[1:] - offsets[:-1]
-    # element p of ``unaligned`` is the little-endian uint64 of bytes p..p+7
-    unaligned = np.ndarray(shape=(len(data) - 7,), dtype="<u8", buffer=data, strides=(1,))
-    h = lengths.astype(np.uint64)
-    h ^= FNV_OFFSET
-    shortest, longest = int(lengths.min()), int(lengths.max())
-    start = 0
-    if shortest > 0:  # every value has a first word: no lane selection
-        word = unaligned[starts]
-        word &= _KEEP[np.minimum(lengths, 8)]
-        h ^= word
-        h *= FNV_PRIME
-        start = 1
-    for k in range(start, (longest + 7) // 8):
-        lanes = np.flatnonzero(lengths > 8 * k)
-        word = unaligned[starts[lanes] + 8 * k]
-        word &= _KEEP[np.minimum(lengths[lanes] - 8 * k, 8)]
-        h[lanes] = (h[lanes] ^ word) * FNV_PRIME
-    out = _mix64_inplace(h)
+    offsets = np.frombuffer(buffers[1], dtype=np.int64 if large else np.int32, count=n + 1,
+                            offset=array.offset * width)
+    data = (np.frombuffer(buffers[2], dtype=np.uint8) if buffers[2] is not None
+            else np.zeros(0, dtype=np.uint8))
+    total = int(offsets[-1]) - int(offsets[0])
+    if total <= SPAN_BYTES:
+        out = _hash_rows(data, offsets)
+    else:  # row ranges of about SPAN_BYTES each, so the power tables stay small
+        cuts = np.searchsorted(offsets, np.arange(int(offsets[0]), int(offsets[-1]), SPAN_BYTES),
+                               side="right") - 1
+        bounds = sorted({0, n, *cuts.tolist()})
+        out = np.concatenate([_hash_rows(data, offsets[lo : hi + 1])
+                              for lo, hi in pairwise(bounds)])
     if array.null_count:
         out[np.asarray(array.is_null())] = 0
     return out
+
+
+def _hash_rows(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
+    """``hash_strings`` of the values between consecutive ``offsets`` into ``data``."""
+    first, last = int(offsets[0]), int(offsets[-1])
+    size = last - first
+    powers, inverses = _POWERS.at_least(size + 1)
+    prefix = np.empty(size + 1, dtype=np.uint64)
+    prefix[0] = 0
+    np.multiply(data[first:last], powers[:size], out=prefix[1:])
+    np.cumsum(prefix, out=prefix)
+    starts = offsets[:-1] - first
+    ends = offsets[1:] - first
+    h = prefix[ends]
+    h -= prefix[starts]
+    h *= inverses[starts]
+    h ^= (ends - starts).astype(np.uint64)
+    return _mix64_inplace(h)
 
 
 def hash_ints(values: np.ndarray) -> np.ndarray:
@@ -243,14 +285,15 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
 
     Large batches on few workers take one vectorized selection per worker; otherwise the rows
     are put in worker order with one stable radix ``argsort`` of the routes and one ``take``,
-    and each part is a zero-copy slice (fewer calls: cheaper for the small batches exchanges
-    mostly carry).
+    and each part is a zero-copy slice (four vector calls: cheapest for the small batches
+    exchanges mostly carry).
     """
-    counts = np.bincount(routes, minlength=peers)
-    if (counts == len(batch)).any():
-        yield int(np.argmax(counts)), batch
+    counts = np.bincount(routes, minlength=peers).tolist()
+    n = len(batch)
+    if max(counts) == n:
+        yield counts.index(n), batch
         return
-    if peers <= 8 and len(batch) > 16_384:
+    if peers <= 8 and n > 16_384:
         for worker in range(peers):
             if counts[worker]:
                 yield worker, batch.take(np.flatnonzero(routes == worker))
@@ -258,8 +301,7 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
     narrow = routes.astype(np.uint8 if peers <= 256 else np.uint16 if peers <= 65_536 else np.int64)
     reordered = batch.take(np.argsort(narrow, kind="stable"))
     start = 0
-    for worker in range(peers):
-        c = int(counts[worker])
+    for worker, c in enumerate(counts):
         if c:
             yield worker, reordered.slice(start, c)
             start += c
