@@ -49,7 +49,7 @@ from tokenflow import execute
 from tokenflow.dataflow import channels
 from tokenflow.dataflow.operators.builder import COALESCE_ROWS
 from tokenflow.dataflow.operators.generic import unary, unary_frontier
-from tokenflow.dataflow.routing import column_routes
+from tokenflow.dataflow.routing import column_routes, partition_arrow
 from tokenflow.order.summary import Increment
 from tokenflow.progress import Antichain, Builder, Source, Target
 
@@ -300,6 +300,54 @@ def cpu_breakdown(batches: list[pa.Array], repeat: int, workers: int) -> dict[st
     return parts
 
 
+# -- routing one message, alone and next to another busy thread ------------------------------
+
+
+def _busy(stop: threading.Event) -> None:
+    """Another worker's pattern: Python between small numpy calls that release the GIL."""
+    a = np.arange(2_000, dtype=np.uint64)
+    while not stop.is_set():
+        x = 0
+        for i in range(200):
+            x += i
+        a ^= a >> np.uint64(3)
+
+
+def routing_cost(arrays: list[pa.Array], seconds: float = 0.5) -> dict[str, tuple[float, float]]:
+    """µs per message to hash (``column_routes``) and to split (``partition_arrow``) the
+    ``(word, n)`` counts of ``EPOCH_BATCHES // 2`` batches (what one worker's invocation sends
+    per epoch, coalesced into one message), for 2 workers: ``(wall, cpu)`` per part, ``alone``
+    and ``contended`` (another thread running ``_busy``)."""
+    messages = []
+    for i in range(0, len(arrays) - EPOCH_BATCHES // 2, EPOCH_BATCHES // 2):
+        parts = [_value_counts(a) for a in arrays[i : i + EPOCH_BATCHES // 2]]
+        messages.append(pa.concat_batches(parts))
+    routes = [column_routes(m.column("word"), 2) for m in messages]
+    work = {
+        "hash": lambda k: column_routes(messages[k].column("word"), 2),
+        "split": lambda k: list(partition_arrow(messages[k], routes[k], 2)),
+    }
+    out: dict[str, tuple[float, float]] = {"rows": (statistics.mean(len(m) for m in messages), 0)}
+    for setting in ("alone", "contended"):
+        stop = threading.Event()
+        other = threading.Thread(target=_busy, args=(stop,), daemon=True)
+        if setting == "contended":
+            other.start()
+        try:
+            for part, fn in work.items():
+                wall, cpu, calls = time.perf_counter(), time.thread_time(), 0
+                while time.perf_counter() - wall < seconds:
+                    fn(calls % len(messages))
+                    calls += 1
+                out[f"{part}, {setting}"] = ((time.perf_counter() - wall) / calls * 1e6,
+                                            (time.thread_time() - cpu) / calls * 1e6)
+        finally:
+            stop.set()
+            if other.is_alive():
+                other.join()
+    return out
+
+
 # -- runtime cost per message --------------------------------------------------------------
 
 
@@ -493,6 +541,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{w} worker(s), CPU µs per {breakdown_batch:,}-word batch:",
               {k: round(v, 1) for k, v in breakdown[w].items()}, flush=True)
     plain_us = statistics.median(plain_cpu)
+    routing = routing_cost(arrays)
+    print("routing one message (wall, cpu µs):", {k: tuple(round(x, 1) for x in v)
+                                                  for k, v in routing.items()}, flush=True)
 
     costs = {(hops, w): statistics.median(message_cost(hops, w) for _ in range(args.trials))
              for w in (1, args.workers) for hops in (0, 3)}
@@ -543,29 +594,43 @@ def main(argv: list[str] | None = None) -> None:
         "fixed cost per message and operator hop (measured alone in the next section), so it",
         "matters most for small batches.",
         "`arrow` also routes the counts by word, work the single-process plain loop does not",
-        "do: hashing the distinct words (about 780 of a 4,096-word batch) and splitting the",
-        "counts costs about half as much as `value_counts` itself (measured apart: about 30 µs",
-        "hashing and 25 µs splitting against 90 µs counting 4,096 words); the small batches one",
-        "invocation sends travel as one message, so this is paid per invocation rather than per",
-        "batch.  `arrow, combined per epoch` routes once per epoch:",
+        "do: the small batches one invocation sends travel as one message, so the hashing and",
+        "splitting is paid per invocation rather than per batch (measured in the next section",
+        "but one).  `arrow, combined per epoch` routes once per epoch:",
         "each worker first sums its own counts, as a MapReduce combiner would, and pays one",
         "more operator hop per batch instead.  `list` looks each (word, count) pair's worker",
         "up in a dict, splits the pairs with a sort and sums them in a Python loop: per-record",
         "work (measured apart on this text, one thread: about 110-120 ns per pair to route and",
         "split and 105 ns to sum, where `Counter.update` counts in C at about 45 ns per word;",
         "0.31, 0.19 and 0.10 pairs per word at 1,024, 4,096 and 16,384 words per batch), so",
-        "it stays below 0.50 at every size.  `arrow, process runtime` is the `arrow` dataflow",
-        "with the workers as processes joined by the TCP mesh: no shared GIL, but every",
-        "message between workers crosses a socket as Arrow IPC.",
+        "it falls furthest behind at small batches.  `arrow, process runtime` is the `arrow`",
+        "dataflow with the workers as processes joined by the TCP mesh: no shared GIL, but",
+        "every message between workers crosses a socket as Arrow IPC.",
         "",
-        "Why routing costs more with two workers than hashing and splitting alone: with one",
-        "worker the `arrow` dataflow (an exchange to itself) runs about as fast as the pipeline",
-        "one; with two, the worker threads contend for the GIL: an Arrow kernel, or a numpy",
-        "operation on more than a few hundred elements, releases the GIL, the other busy worker",
-        "takes it, and the first waits for it back.  Measured apart, with another thread running",
-        "Python: hashing one 4,096-word batch's distinct words takes 230 µs of CPU instead of 33,",
-        "splitting the batch 450 µs instead of 21, a `RecordBatch.take` 40-70 µs instead of 6-8.",
-        "Letting workers step in turn (a baton per step) cut that CPU by a third for `arrow`",
+        "## Routing one message",
+        "",
+        f"The counts one worker sends per epoch at {breakdown_batch:,} words per batch (its",
+        f"{EPOCH_BATCHES // 2} batches' `value_counts`, one coalesced message of about",
+        f"{routing['rows'][0]:,.0f} rows), routed to 2 workers: µs per message, alone and with",
+        "another thread running Python between small numpy calls (as the other worker does):",
+        "",
+        "| part | alone: wall | alone: CPU | contended: wall | contended: CPU |",
+        "|---|---:|---:|---:|---:|",
+        *(f"| {part} | {routing[part + ', alone'][0]:.1f} | {routing[part + ', alone'][1]:.1f} | "
+          f"{routing[part + ', contended'][0]:.1f} | {routing[part + ', contended'][1]:.1f} |"
+          for part in ("hash", "split")),
+        "",
+        "Why routing costs more with two worker threads than alone: every Arrow kernel, and",
+        "every numpy call on more than 500 elements, releases the GIL; when the other worker",
+        "waits for it, the release wakes that thread with a futex system call (in a `perf`",
+        "profile of the 2-worker `arrow` dataflow, taken apart from this run, the kernel's",
+        "waking and switching of threads was 14 % of the worker threads' CPU), it runs, and",
+        "the first continues on a core whose caches the other thread's Python has just used.",
+        "So on the `thread` runtime the number of such calls per message counts as much as",
+        "their work: the string hash takes about twenty numpy calls per message whatever the",
+        "word lengths (a prefix sum over all the bytes) rather than several per 8-byte",
+        "position of the longest word, and the split four.",
+        "Letting workers step in turn (a baton per step) cut the CPU by a third for `arrow`",
         "but cost the pipeline variant its overlap of Arrow kernels on two cores, so the",
         "`thread` runtime does not do it; the `process` and `spark` runtimes have no shared GIL.",
         "",

@@ -86,7 +86,7 @@ def hash_strings(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     For value bytes ``b`` of length ``n``: ``mix64((sum(b[j] * B**j) mod 2**64) ^ n)`` with
     ``B = POLY_BASE``.  Vectorized over the whole data buffer: ``P[k] = sum(b[j] * B**j, j < k)``
     by one multiply and one cumulative sum, then per value ``(P[end] - P[start]) * B**-start``
-    (``B`` is odd, so invertible); about fifteen numpy calls per ``SPAN_BYTES`` of data.
+    (``B`` is odd, so invertible); about twenty numpy calls per ``SPAN_BYTES`` of data.
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
