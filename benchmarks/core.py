@@ -64,6 +64,11 @@ def load_words() -> list[str]:
     return re.findall(r"[a-z']+", text.lower())
 
 
+def split_words(words: list[str], size: int) -> list[list[str]]:
+    """``words`` in consecutive batches of ``size`` (the last one shorter)."""
+    return [words[i : i + size] for i in range(0, len(words), size)]
+
+
 def dataflow_time(results: list[tuple[float, float, int]]) -> tuple[float, int]:
     """Seconds from the first worker's first batch to the last worker's completion (worker
     threads started and dataflows built before, as the plain loop times only its counting),
@@ -313,11 +318,13 @@ def _busy(stop: threading.Event) -> None:
         a ^= a >> np.uint64(3)
 
 
-def routing_cost(arrays: list[pa.Array], seconds: float = 0.5) -> dict[str, tuple[float, float]]:
+def routing_cost(arrays: list[pa.Array],
+                 seconds: float = 0.5) -> tuple[float, dict[str, tuple[float, float]]]:
     """µs per message to hash (``column_routes``) and to split (``partition_arrow``) the
     ``(word, n)`` counts of ``EPOCH_BATCHES // 2`` batches (what one worker's invocation sends
-    per epoch, coalesced into one message), for 2 workers: ``(wall, cpu)`` per part, ``alone``
-    and ``contended`` (another thread running ``_busy``)."""
+    per epoch, coalesced into one message), for 2 workers.  Returns the mean rows per message
+    and, per ``"<part>, <setting>"``, ``(wall, cpu)``; settings ``alone`` and ``contended``
+    (another thread running ``_busy``)."""
     messages = []
     for i in range(0, len(arrays) - EPOCH_BATCHES // 2, EPOCH_BATCHES // 2):
         parts = [_value_counts(a) for a in arrays[i : i + EPOCH_BATCHES // 2]]
@@ -327,7 +334,7 @@ def routing_cost(arrays: list[pa.Array], seconds: float = 0.5) -> dict[str, tupl
         "hash": lambda k: column_routes(messages[k].column("word"), 2),
         "split": lambda k: list(partition_arrow(messages[k], routes[k], 2)),
     }
-    out: dict[str, tuple[float, float]] = {"rows": (statistics.mean(len(m) for m in messages), 0)}
+    out: dict[str, tuple[float, float]] = {}
     for setting in ("alone", "contended"):
         stop = threading.Event()
         other = threading.Thread(target=_busy, args=(stop,), daemon=True)
@@ -345,7 +352,7 @@ def routing_cost(arrays: list[pa.Array], seconds: float = 0.5) -> dict[str, tupl
             stop.set()
             if other.is_alive():
                 other.join()
-    return out
+    return statistics.mean(len(m) for m in messages), out
 
 
 # -- runtime cost per message --------------------------------------------------------------
@@ -476,7 +483,7 @@ def plot(rows: list[Row], chain: list[tuple[int, float]], workers: int, path: Pa
 def measure(variant: str, batch: int, words: list[str], repeat: int, workers: int,
             trials: int) -> Row:
     """Median words/s of the plain loop and the dataflow, over alternating trials."""
-    list_batches = [words[i : i + batch] for i in range(0, len(words), batch)]
+    list_batches = split_words(words, batch)
     batches: list[Any] = list_batches
     plain: Any = plain_list
     flow: Any = dataflow_list
@@ -526,8 +533,7 @@ def main(argv: list[str] | None = None) -> None:
             for variant in VARIANTS for batch in args.batch]
 
     breakdown_batch = min(args.batch)
-    split = [words[i : i + breakdown_batch] for i in range(0, len(words), breakdown_batch)]
-    arrays = [pa.array(b, type=pa.string()) for b in split]
+    arrays = [pa.array(b, type=pa.string()) for b in split_words(words, breakdown_batch)]
     breakdown: dict[int, dict[str, float]] = {}
     plain_cpu: list[float] = []
     for w in dict.fromkeys((1, args.workers)):
@@ -541,9 +547,9 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{w} worker(s), CPU µs per {breakdown_batch:,}-word batch:",
               {k: round(v, 1) for k, v in breakdown[w].items()}, flush=True)
     plain_us = statistics.median(plain_cpu)
-    routing = routing_cost(arrays)
-    print("routing one message (wall, cpu µs):", {k: tuple(round(x, 1) for x in v)
-                                                  for k, v in routing.items()}, flush=True)
+    message_rows, routing = routing_cost(arrays)
+    print(f"routing one message of {message_rows:,.0f} rows (wall, cpu µs):",
+          {k: tuple(round(x, 1) for x in v) for k, v in routing.items()}, flush=True)
 
     costs = {(hops, w): statistics.median(message_cost(hops, w) for _ in range(args.trials))
              for w in (1, args.workers) for hops in (0, 3)}
@@ -600,8 +606,9 @@ def main(argv: list[str] | None = None) -> None:
         "each worker first sums its own counts, as a MapReduce combiner would, and pays one",
         "more operator hop per batch instead.  `list` looks each (word, count) pair's worker",
         "up in a dict, splits the pairs with a sort and sums them in a Python loop: per-record",
-        "work (measured apart on this text, one thread: about 110-120 ns per pair to route and",
-        "split and 105 ns to sum, where `Counter.update` counts in C at about 45 ns per word;",
+        "work (measured apart on this text in an earlier session, one thread: 110-120 ns per",
+        "pair to route and split and 105 ns to sum, where `Counter.update` counts in C at",
+        "about 45 ns per word;",
         "0.31, 0.19 and 0.10 pairs per word at 1,024, 4,096 and 16,384 words per batch), so",
         "it falls furthest behind at small batches.  `arrow, process runtime` is the `arrow`",
         "dataflow with the workers as processes joined by the TCP mesh: no shared GIL, but",
@@ -611,7 +618,7 @@ def main(argv: list[str] | None = None) -> None:
         "",
         f"The counts one worker sends per epoch at {breakdown_batch:,} words per batch (its",
         f"{EPOCH_BATCHES // 2} batches' `value_counts`, one coalesced message of about",
-        f"{routing['rows'][0]:,.0f} rows), routed to 2 workers: µs per message, alone and with",
+        f"{message_rows:,.0f} rows), routed to 2 workers: µs per message, alone and with",
         "another thread running Python between small numpy calls (as the other worker does):",
         "",
         "| part | alone: wall | alone: CPU | contended: wall | contended: CPU |",
@@ -621,7 +628,7 @@ def main(argv: list[str] | None = None) -> None:
           for part in ("hash", "split")),
         "",
         "Why routing costs more with two worker threads than alone: every Arrow kernel, and",
-        "every numpy call on more than 500 elements, releases the GIL; when the other worker",
+        "every numpy ufunc on more than 500 elements, releases the GIL; when the other worker",
         "waits for it, the release wakes that thread with a futex system call (in a `perf`",
         "profile of the 2-worker `arrow` dataflow, taken apart from this run, the kernel's",
         "waking and switching of threads was 14 % of the worker threads' CPU), it runs, and",
@@ -630,8 +637,9 @@ def main(argv: list[str] | None = None) -> None:
         "their work: the string hash takes about twenty numpy calls per message whatever the",
         "word lengths (a prefix sum over all the bytes) rather than several per 8-byte",
         "position of the longest word, and the split four.",
-        "Letting workers step in turn (a baton per step) cut the CPU by a third for `arrow`",
-        "but cost the pipeline variant its overlap of Arrow kernels on two cores, so the",
+        "Letting workers step in turn (a baton per step; measured in an earlier session, not",
+        "this run) cut the CPU for `arrow` by about a quarter, 191 to 146 µs per batch, but",
+        "cost the pipeline variant its overlap of Arrow kernels on two cores, so the",
         "`thread` runtime does not do it; the `process` and `spark` runtimes have no shared GIL.",
         "",
         f"## Where the `arrow` dataflow's CPU goes ({breakdown_batch:,} words per batch)",
@@ -651,9 +659,8 @@ def main(argv: list[str] | None = None) -> None:
         "",
         "With one worker the exchange sends everything to itself (no routing) and the",
         "dataflow's CPU is the plain loop's plus the runtime's share.  With two worker threads",
-        "every part costs more CPU for the same words, the user's own `value_counts` too: each",
-        "Arrow kernel releases the GIL, the other worker takes it and runs, and the first one",
-        "continues on a core whose caches the other thread's Python has just used.",
+        "every part costs more CPU for the same words, the user's own `value_counts` too, for",
+        "the reason given under *Routing one message*.",
         "",
         "## Runtime cost per message",
         "",

@@ -123,12 +123,12 @@ def _hash_rows(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     prefix[0] = 0
     np.multiply(data[first:last], powers[:size], out=prefix[1:])
     np.cumsum(prefix, out=prefix)
-    starts = offsets[:-1] - first
-    ends = offsets[1:] - first
+    relative = offsets - first
+    starts, ends = relative[:-1], relative[1:]
     h = prefix[ends]
     h -= prefix[starts]
     h *= inverses[starts]
-    h ^= (ends - starts).astype(np.uint64)
+    h ^= np.diff(relative).astype(np.uint64)
     return _mix64_inplace(h)
 
 

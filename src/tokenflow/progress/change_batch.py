@@ -37,7 +37,7 @@ class ChangeBatch(Generic[K]):
         if diff:
             updates = self._updates
             updates.append((key, diff))
-            n = len(updates)
+            n = len(updates)  # ``_maintain`` inlined: this is the progress hot path
             if n > 32 and n >> 1 >= self._clean:
                 self.compact()
 
