@@ -2,9 +2,13 @@
 
 * Every row arrives exactly once (same values, same epoch), all rows with the same key land on
   one worker, and that worker is the one an independent per-value routing says: the documented
-  hash (SplitMix64 finalizer of the int64 value, or of a polynomial over the UTF-8 bytes xor the
-  length) written here in plain Python, ``% peers`` (nulls to worker 0) — for int64 and string
-  key columns with nulls, on 1–4 workers of the thread runtime.
+  hash (SplitMix64 finalizer of the int64 value, or a multiplier times a polynomial over the
+  UTF-8 bytes plus one) written here in plain Python, its high 32 bits times ``peers`` shifted
+  down by 32 (nulls to worker 0) — for int64 and string key columns with nulls, on 1–4 workers
+  of the thread runtime.
+* The routes spread keys evenly: for key families that differ only in a few bytes (one-byte
+  strings, numbered ids, paths differing in their middle, integers in a range), every worker's
+  share of the distinct keys is within five binomial standard deviations of ``1 / peers``.
 * The routing is stable across processes: ``column_routes`` of a string column computed in two
   ``python -c`` subprocesses with different ``PYTHONHASHSEED`` (where Python's own ``hash`` of
   the same strings differs) gives the same routes as this process.
@@ -59,11 +63,11 @@ def _mix64(x: int) -> int:
 
 
 def _string_hash(data: bytes) -> int:
-    """``sum(b[j] * B**j) mod 2**64`` xor the length, by Horner's rule from the last byte."""
+    """``M * sum((b[j] + 1) * B**j) mod 2**64``, the sum by Horner's rule from the last byte."""
     h = 0
     for byte in reversed(data):
-        h = (h * 0x9E3779B97F4A7C15 + byte) & MASK
-    return h ^ len(data)
+        h = (h * 0x9E3779B97F4A7C15 + byte + 1) & MASK
+    return (h * 0xD6E8FEB86659FD93) & MASK
 
 
 def reference_route(value: Any, peers: int) -> int:
@@ -71,11 +75,8 @@ def reference_route(value: Any, peers: int) -> int:
     no batching, no numpy)."""
     if value is None:
         return 0
-    if isinstance(value, int):
-        h = _mix64(value & MASK)
-    else:
-        h = _mix64(_string_hash(str(value).encode()))
-    return h % peers
+    h = _mix64(value & MASK) if isinstance(value, int) else _string_hash(str(value).encode())
+    return ((h >> 32) * peers) >> 32
 
 
 def make_table(rows: int, seed: int) -> pa.Table:
@@ -216,6 +217,28 @@ def test_string_column_routes_match_per_value_hash(values: list[str | None], pee
 def test_int64_column_routes_match_per_value_hash(values: list[int | None], peers: int) -> None:
     routes = column_routes(pa.array(values, pa.int64()), peers)
     assert routes.tolist() == [reference_route(v, peers) for v in values]
+
+
+# -- spread --------------------------------------------------------------------------------------
+
+KEY_FAMILIES: dict[str, list[Any]] = {
+    "one byte": [chr(c) for c in range(256)],
+    "numbered ids": [f"user-{i:06d}" for i in range(5_000)],
+    "middle differs": [f"customers/{i:05d}/profile.json" for i in range(5_000)],
+    "trailing zero bytes": ["k" + "\x00" * i for i in range(200)],
+    "integers": list(range(5_000)),
+}
+
+
+@pytest.mark.parametrize("family", sorted(KEY_FAMILIES))
+@pytest.mark.parametrize("peers", [2, 3, 4, 7, 16])
+def test_routes_spread_keys_evenly(family: str, peers: int) -> None:
+    keys = KEY_FAMILIES[family]
+    kind = pa.int64() if isinstance(keys[0], int) else pa.string()
+    shares = np.bincount(column_routes(pa.array(keys, kind), peers), minlength=peers)
+    expected = len(keys) / peers
+    sigma = (len(keys) * (1 / peers) * (1 - 1 / peers)) ** 0.5
+    assert np.abs(shares - expected).max() <= 5 * sigma, (family, shares.tolist())
 
 
 # -- stability across processes ------------------------------------------------------------------

@@ -174,7 +174,10 @@ def all_examples(worker: Worker) -> Outputs:
 
 
 def _route(value: int, peers: int) -> int:
-    return int(hash_array(np.array([value], dtype=np.int64))[0] % np.uint64(peers))
+    """pandas' ``hash_array`` of an int64 is the SplitMix64 finalizer tokenflow documents; a
+    hash goes to worker ``(hash >> 32) * peers >> 32``."""
+    h = int(hash_array(np.array([value], dtype=np.int64))[0])
+    return ((h >> 32) * peers) >> 32
 
 
 def expected(example: str, workers: int) -> dict[int, list[Any]]:

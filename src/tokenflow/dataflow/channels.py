@@ -125,7 +125,8 @@ class ExchangePusher:
 
 
 class Exchange:
-    """Route each record to worker ``stable_hash(key(record)) % peers``.
+    """Route each record to worker ``routes_for(stable_hash([key(record)]), peers)`` (see
+    ``tokenflow.dataflow.routing``: the same worker on every runtime and in every process).
 
     Args:
         key: ``record -> key`` for list batches (ints and strings hash stably across

@@ -4,15 +4,18 @@ Source: DESIGN.md ("Data plane": "Exchange routes by a stable hash, never Python
 ``hash()`` of str").  The hash is defined here, the same in every process, on every runtime and
 for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
 
-* integers (``int`` keys, integer columns): ``mix64(value as uint64)``;
-* strings and bytes: a polynomial over the UTF-8 bytes, then ``mix64`` (``hash_strings``);
+* integers (``int`` keys, integer columns): ``mix64(value as uint64)``, with ``mix64`` the
+  SplitMix64 finalizer;
+* strings and bytes: ``M * sum((b[j] + 1) * B**j)`` over the UTF-8 bytes ``b``, modulo 2**64
+  (``hash_strings``);
 * anything else: the string hash of ``str(key)``;
 
-where ``mix64`` is the SplitMix64 finalizer (so ``hash % peers`` spreads evenly).  Strings are
-hashed with numpy over the Arrow buffers in a fixed number of vector operations per batch (a
-prefix sum over all the bytes), whatever the strings' lengths: on the ``thread`` runtime every
-numpy call on more than a few hundred elements hands the GIL to another worker, so the number of
-calls, not only the work, is the cost.
+and a hash goes to worker ``(hash >> 32) * peers >> 32`` (``routes_for``): its high 32 bits
+scaled to ``[0, peers)``, the bits the final multiplications mix best.  Strings are hashed with
+numpy over the Arrow buffers in a fixed number of vector operations per batch (a prefix sum over
+all the bytes), whatever the strings' lengths: on the ``thread`` runtime every numpy call on
+more than a few hundred elements, every fancy index and most pyarrow calls hand the GIL to
+another worker, so the number of such calls, not only their work, is the cost.
 """
 
 from __future__ import annotations
@@ -25,22 +28,25 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 POLY_BASE = 0x9E3779B97F4A7C15
 """The odd base ``B`` of the string polynomial (invertible modulo 2**64)."""
+STRING_MULTIPLIER = 0xD6E8FEB86659FD93
+"""The odd multiplier ``M`` of the string hash, which carries the polynomial's low bits (all
+there is of a one-byte string) into the high bits that ``routes_for`` uses."""
 _POLY_BASE_INVERSE = pow(POLY_BASE, -1, 2**64)
 _INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
 SPAN_BYTES = 1 << 20
 """Bytes hashed per prefix sum: a larger batch is hashed in row ranges of about this size."""
+_TAKE = pc.get_function("take")
+"""Looked up once: ``pyarrow.compute.take`` looks the function up per call, releasing the GIL."""
 
 
 def mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer over a uint64 array (wrapping arithmetic); ``x`` is not changed."""
-    return _mix64_inplace(x.astype(np.uint64, copy=True))
-
-
-def _mix64_inplace(x: np.ndarray) -> np.ndarray:
     # Array integer arithmetic wraps silently in numpy (only scalar overflow warns).
+    x = x.astype(np.uint64, copy=True)
     x ^= x >> np.uint64(30)
     x *= np.uint64(0xBF58476D1CE4E5B9)
     x ^= x >> np.uint64(27)
@@ -50,8 +56,8 @@ def _mix64_inplace(x: np.ndarray) -> np.ndarray:
 
 
 class _Powers:
-    """``B**j`` and ``B**-j`` modulo 2**64 for ``j < size``, grown by doubling (thread-safe:
-    readers take the current pair, a grower replaces it whole)."""
+    """``B**j`` and ``M * B**-j`` modulo 2**64 for ``j < size``, grown by doubling
+    (thread-safe: readers take the current pair, a grower replaces it whole)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -60,9 +66,9 @@ class _Powers:
     @staticmethod
     def _build(size: int) -> tuple[np.ndarray, np.ndarray]:
         out = []
-        for base in (POLY_BASE, _POLY_BASE_INVERSE):
-            table = np.full(size, base, dtype=np.uint64)
-            table[0] = 1
+        for first, factor in ((1, POLY_BASE), (STRING_MULTIPLIER, _POLY_BASE_INVERSE)):
+            table = np.full(size, factor, dtype=np.uint64)
+            table[0] = first
             np.multiply.accumulate(table, out=table)
             out.append(table)
         return out[0], out[1]
@@ -83,10 +89,11 @@ _POWERS = _Powers()
 def hash_strings(array: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Hashes (uint64, one per value) of an Arrow string or binary array; nulls hash to 0.
 
-    For value bytes ``b`` of length ``n``: ``mix64((sum(b[j] * B**j) mod 2**64) ^ n)`` with
-    ``B = POLY_BASE``.  Vectorized over the whole data buffer: ``P[k] = sum(b[j] * B**j, j < k)``
-    by one multiply and one cumulative sum, then per value ``(P[end] - P[start]) * B**-start``
-    (``B`` is odd, so invertible); about twenty numpy calls per ``SPAN_BYTES`` of data.
+    For value bytes ``b``: ``M * sum((b[j] + 1) * B**j) mod 2**64`` with ``B = POLY_BASE`` and
+    ``M = STRING_MULTIPLIER`` (the ``+ 1`` makes trailing zero bytes count).  Vectorized over
+    the whole data buffer: ``P[k] = sum((b[j] + 1) * B**j, j < k)`` by one multiply, one add
+    and one cumulative sum, then per value ``(P[end] - P[start]) * M * B**-start`` (``B`` is
+    odd, so invertible); eight numpy calls per ``SPAN_BYTES`` of data.
     """
     if isinstance(array, pa.ChunkedArray):
         array = array.combine_chunks()
@@ -118,18 +125,19 @@ def _hash_rows(data: np.ndarray, offsets: np.ndarray) -> np.ndarray:
     """``hash_strings`` of the values between consecutive ``offsets`` into ``data``."""
     first, last = int(offsets[0]), int(offsets[-1])
     size = last - first
-    powers, inverses = _POWERS.at_least(size + 1)
+    powers, scaled_inverses = _POWERS.at_least(size + 1)
     prefix = np.empty(size + 1, dtype=np.uint64)
     prefix[0] = 0
-    np.multiply(data[first:last], powers[:size], out=prefix[1:])
+    terms = prefix[1:]
+    np.multiply(data[first:last], powers[:size], out=terms)
+    terms += powers[:size]
     np.cumsum(prefix, out=prefix)
-    relative = offsets - first
-    starts, ends = relative[:-1], relative[1:]
-    h = prefix[ends]
-    h -= prefix[starts]
-    h *= inverses[starts]
-    h ^= np.diff(relative).astype(np.uint64)
-    return _mix64_inplace(h)
+    if first:
+        offsets = offsets - first
+    at = prefix[offsets]
+    h = at[1:] - at[:-1]
+    h *= scaled_inverses[offsets[:-1]]
+    return h
 
 
 def hash_ints(values: np.ndarray) -> np.ndarray:
@@ -174,8 +182,18 @@ def stable_hash(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
 
 
 def routes_for(hashes: np.ndarray, peers: int) -> np.ndarray:
-    """Worker index per hash: ``hash % peers`` as int64."""
-    return (hashes % np.uint64(peers)).astype(np.int64)
+    """Worker index per uint64 hash, as int64: ``(hash >> 32) * peers >> 32`` (the high 32
+    bits scaled to ``[0, peers)``, Lemire's multiply-shift range reduction); ``hashes`` is not
+    changed.  For ``peers = 2**k`` that is ``hash >> (64 - k)``, one vector call instead of
+    three."""
+    if peers & (peers - 1) == 0:
+        if peers == 1:
+            return np.zeros(len(hashes), dtype=np.int64)
+        return (hashes >> np.uint64(65 - peers.bit_length())).view(np.int64)
+    high = hashes >> np.uint64(32)
+    high *= np.uint64(peers)
+    high >>= np.uint64(32)
+    return high.view(np.int64)
 
 
 def _string_like(dtype: pa.DataType) -> bool:
@@ -286,7 +304,8 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
     Large batches on few workers take one vectorized selection per worker; otherwise the rows
     are put in worker order with one stable radix ``argsort`` of the routes and one ``take``,
     and each part is a zero-copy slice (four vector calls: cheapest for the small batches
-    exchanges mostly carry).
+    exchanges mostly carry; the ``take`` wraps the order without a conversion and calls the
+    function looked up once, three GIL releases instead of six).
     """
     counts = np.bincount(routes, minlength=peers).tolist()
     n = len(batch)
@@ -299,7 +318,9 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
                 yield worker, batch.take(np.flatnonzero(routes == worker))
         return
     narrow = routes.astype(np.uint8 if peers <= 256 else np.uint16 if peers <= 65_536 else np.int64)
-    reordered = batch.take(np.argsort(narrow, kind="stable"))
+    order = np.argsort(narrow, kind="stable")
+    indices = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(order)])
+    reordered = _TAKE.call([batch, indices])
     start = 0
     for worker, c in enumerate(counts):
         if c:

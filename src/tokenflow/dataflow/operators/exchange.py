@@ -31,7 +31,8 @@ def exchange(
     column: str | None = None,
     name: str = "Exchange",
 ) -> Stream:
-    """Send each record to worker ``stable_hash(key(record)) % peers`` (or by Arrow ``column``)."""
+    """Send each record to the worker its key routes to (``tokenflow.dataflow.routing``: a
+    stable hash of ``key(record)``, or of the Arrow ``column``)."""
     return unary(stream, Exchange(key, column), name, _forward)
 
 
