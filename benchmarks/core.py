@@ -328,20 +328,24 @@ def _busy(stop: threading.Event) -> None:
 
 
 def routing_cost(arrays: list[pa.Array],
-                 seconds: float = 0.5) -> tuple[float, dict[str, tuple[float, float]]]:
+                 seconds: float = 0.5) -> tuple[float, float, dict[str, tuple[float, float]]]:
     """µs per message to hash (``column_routes``) and to split (``partition_arrow``) the
     ``(word, n)`` counts of ``EPOCH_BATCHES // 2`` batches (what one worker's invocation sends
-    per epoch, coalesced into one message), for 2 workers.  Returns the mean rows per message
-    and, per ``"<part>, <setting>"``, ``(wall, cpu)``; settings ``alone`` and ``contended``
-    (another thread running ``_busy``)."""
+    per epoch, coalesced into one message), for 2 workers, and to ``combine`` them (sum per
+    word: the combiner's work).  Returns the mean rows per message,
+    the mean rows once summed per word (what the combiner of ``arrow, combined per epoch``
+    sends instead) and, per ``"<part>, <setting>"``, ``(wall, cpu)``; settings ``alone`` and
+    ``contended`` (another thread running ``_busy``)."""
     messages = []
     for i in range(0, len(arrays) - EPOCH_BATCHES // 2, EPOCH_BATCHES // 2):
         parts = [_value_counts(a) for a in arrays[i : i + EPOCH_BATCHES // 2]]
         messages.append(pa.concat_batches(parts))
+    combined = statistics.mean(_epoch_sum([m]).num_rows for m in messages)
     routes = [column_routes(m.column("word"), 2) for m in messages]
     work = {
         "hash": lambda k: column_routes(messages[k].column("word"), 2),
         "split": lambda k: list(partition_arrow(messages[k], routes[k], 2)),
+        "combine": lambda k: _epoch_sum([messages[k]]),
     }
     out: dict[str, tuple[float, float]] = {}
     for setting in ("alone", "contended"):
@@ -361,7 +365,7 @@ def routing_cost(arrays: list[pa.Array],
             stop.set()
             if other.is_alive():
                 other.join()
-    return statistics.mean(len(m) for m in messages), out
+    return statistics.mean(len(m) for m in messages), combined, out
 
 
 # -- runtime cost per message --------------------------------------------------------------
@@ -556,7 +560,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{w} worker(s), CPU µs per {breakdown_batch:,}-word batch:",
               {k: round(v, 1) for k, v in breakdown[w].items()}, flush=True)
     plain_us = statistics.median(plain_cpu)
-    message_rows, routing = routing_cost(arrays)
+    message_rows, combined_rows, routing = routing_cost(arrays)
     print(f"routing one message of {message_rows:,.0f} rows (wall, cpu µs):",
           {k: tuple(round(x, 1) for x in v) for k, v in routing.items()}, flush=True)
 
@@ -604,22 +608,32 @@ def main(argv: list[str] | None = None) -> None:
         "",
         verdict_line(rows),
         "",
-        "Reading the rows: `arrow, pipeline` is the runtime's own cost per batch (input,",
+        "Reading the rows: `arrow` is the word count as tokenflow's hot paths are meant to",
+        "be written (Arrow batches, one kernel call per batch, an exchange by word);",
+        "`arrow, pipeline` is the runtime's own cost per batch (input,",
         "channels, operator invocations, progress tracking) next to the same counting: a",
-        "fixed cost per message and operator hop (measured alone in the next section), so it",
-        "matters most for small batches.",
+        "fixed cost per message and operator hop (measured alone in the next section but",
+        "two), so it matters most for small batches.",
         "`arrow` also routes the counts by word, work the single-process plain loop does not",
         "do: the small batches one invocation sends travel as one message, so the hashing and",
-        "splitting is paid per invocation rather than per batch (measured in the next section",
-        "but one).  `arrow, combined per epoch` routes once per epoch:",
-        "each worker first sums its own counts, as a MapReduce combiner would, and pays one",
-        "more operator hop per batch instead.  `list` looks each (word, count) pair's worker",
-        "up in a dict, splits the pairs with a sort and sums them in a Python loop: per-record",
-        "work (measured apart on this text in an earlier session, one thread: 110-120 ns per",
-        "pair to route and split and 105 ns to sum, where `Counter.update` counts in C at",
-        "about 45 ns per word;",
-        "0.31, 0.19 and 0.10 pairs per word at 1,024, 4,096 and 16,384 words per batch), so",
-        "it falls furthest behind at small batches.  `arrow, process runtime` is the `arrow`",
+        "splitting is paid per invocation rather than per batch (next section).",
+        "`arrow, combined per epoch` first sums each worker's counts per epoch, as a",
+        "MapReduce combiner would, and routes the sums: one more operator hop and one more",
+        "epoch sum per worker and epoch than `arrow`, user work the plain loop does not do.",
+        f"At {breakdown_batch:,} words per batch it turns the {message_rows:,.0f} rows a",
+        f"worker routes per epoch into {combined_rows:,.0f}, but that sum costs more than",
+        "routing the difference saves (next section).",
+        "`list` is a per-record workload on purpose: each worker counts a batch with",
+        "`Counter` (as the plain loop does), then the exchange looks each (word, count)",
+        "pair's worker up in a dict and splits the pairs, and the user's code sums them in",
+        "a Python loop (measured apart on this text in an earlier session, one thread:",
+        "110-120 ns per pair to route and split and 105 ns to sum, where `Counter.update`",
+        "counts in C at about 45 ns per word; 0.31, 0.19 and 0.10 pairs per word at 1,024,",
+        "4,096 and 16,384 words per batch).  Routing a Python object costs at least one",
+        "dict operation on its key, about what `Counter` spends to count a word, so where",
+        "a batch's words are mostly distinct (small batches) the exchange alone costs",
+        "about as much as the counting, and the ratio stays far below 0.50.",
+        "`arrow, process runtime` is the `arrow`",
         "dataflow with the workers as processes joined by the TCP mesh: no shared GIL, but",
         "every message between workers crosses a socket as Arrow IPC.",
         "",
@@ -634,18 +648,27 @@ def main(argv: list[str] | None = None) -> None:
         "|---|---:|---:|---:|---:|",
         *(f"| {part} | {routing[part + ', alone'][0]:.1f} | {routing[part + ', alone'][1]:.1f} | "
           f"{routing[part + ', contended'][0]:.1f} | {routing[part + ', contended'][1]:.1f} |"
-          for part in ("hash", "split")),
+          for part in ("hash", "split", "combine")),
         "",
-        "Why routing costs more with two worker threads than alone: every Arrow kernel, and",
-        "every numpy ufunc on more than 500 elements, releases the GIL; when the other worker",
-        "waits for it, the release wakes that thread with a futex system call (in a `perf`",
-        "profile of the 2-worker `arrow` dataflow, taken apart from this run, the kernel's",
-        "waking and switching of threads was 14 % of the worker threads' CPU), it runs, and",
-        "the first continues on a core whose caches the other thread's Python has just used.",
-        "So on the `thread` runtime the number of such calls per message counts as much as",
-        "their work: the string hash takes about twenty numpy calls per message whatever the",
-        "word lengths (a prefix sum over all the bytes) rather than several per 8-byte",
-        "position of the longest word, and the split four.",
+        "*combine*: summing the message's counts per word (`_epoch_sum`), what the combiner",
+        "of `arrow, combined per epoch` does before routing.",
+        "",
+        "Why routing costs more with two worker threads than alone: every Arrow kernel, most",
+        "pyarrow calls, every numpy fancy index and every numpy ufunc on more than 500",
+        "elements release the GIL; when the other worker waits for it, the release wakes",
+        "that thread with a futex system call (in a `perf` profile of the 2-worker `arrow`",
+        "dataflow, taken in an earlier session, the kernel's waking and switching of threads",
+        "was 14 % of the worker threads' CPU), it runs, and the first continues on a core",
+        "whose caches the other thread's Python has just used.  So on the `thread` runtime",
+        "the number of GIL releases counts as much as the work.  Counted apart with a `perf`",
+        "uprobe on `PyEval_SaveThread` (2026-11-23, not in this run): the string hash",
+        "releases the GIL 9 times per message (a multiply, an add and a prefix sum over all",
+        "the bytes, two gathers, a multiply and a shift; 20 with the previous",
+        "definition), the split 6 (9 with `RecordBatch.take`, which looks its function up",
+        "and converts the index, releasing the GIL on each), and the whole 2-worker `arrow`",
+        "dataflow 9.0 times per input batch (15.1 before both and a leaner epoch sum, which",
+        "reads the Arrow buffers instead of calling `to_numpy`; the plain loop runs the same",
+        "epoch sum).",
         "Letting workers step in turn (a baton per step; measured in an earlier session, not",
         "this run) cut the CPU for `arrow` by about a quarter, 191 to 146 µs per batch, but",
         "cost the pipeline variant its overlap of Arrow kernels on two cores, so the",
