@@ -318,7 +318,7 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
                 yield worker, batch.take(np.flatnonzero(routes == worker))
         return
     narrow = routes.astype(np.uint8 if peers <= 256 else np.uint16 if peers <= 65_536 else np.int64)
-    order = np.argsort(narrow, kind="stable")
+    order = np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
     indices = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(order)])
     reordered = _TAKE.call([batch, indices])
     start = 0
