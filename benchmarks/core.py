@@ -546,10 +546,12 @@ def measure(variant: str, batch: int, words: list[str], repeat: int, workers: in
     return variant, batch, n / p, n / f, p / f
 
 
-def list_ceiling(batch: int, words: list[str], repeat: int, trials: int) -> float:
+def list_ceiling(batch: int, words: list[str], repeat: int, trials: int) -> tuple[float, float]:
     """Median over alternating trials of plain-loop time ÷ ``list_user_code`` time: the ratio
-    the ``list`` dataflow would reach if its runtime, routing included, cost nothing."""
+    the ``list`` dataflow would reach if its runtime, routing included, cost nothing; and the
+    ``(word, count)`` pairs per word its exchange routes."""
     batches = split_words(words, batch)
+    pairs_per_word = sum(len(_pairs(b)) for b in batches) / len(words)
     ratios = []
     for _ in range(trials):
         plain_t, plain_d = plain_list(batches, repeat)
@@ -557,7 +559,7 @@ def list_ceiling(batch: int, words: list[str], repeat: int, trials: int) -> floa
         if plain_d != user_d:
             sys.exit(f"list user code, batch {batch}: counted {user_d} words, plain {plain_d}")
         ratios.append(plain_t / user_t)
-    return statistics.median(ratios)
+    return statistics.median(ratios), pairs_per_word
 
 
 def verdict_line(rows: list[Row]) -> str:
@@ -584,7 +586,8 @@ def main(argv: list[str] | None = None) -> None:
             for variant in VARIANTS for batch in args.batch]
 
     ceilings = {b: list_ceiling(b, words, args.repeat, args.trials) for b in args.batch}
-    print("list user code alone ÷ plain loop:", {b: round(c, 2) for b, c in ceilings.items()})
+    print("list user code alone ÷ plain loop, pairs per word:",
+          {b: (round(c, 2), round(p, 2)) for b, (c, p) in ceilings.items()})
     breakdown_batch = min(args.batch)
     arrays = [pa.array(b, type=pa.string()) for b in split_words(words, breakdown_batch)]
     breakdown: dict[int, dict[str, float]] = {}
@@ -666,12 +669,11 @@ def main(argv: list[str] | None = None) -> None:
         "`list` is a per-record workload on purpose: each worker counts a batch with",
         "`Counter` (as the plain loop does), then the exchange looks each (word, count)",
         "pair's worker up in a dict and splits the pairs, and the user's code sums them in",
-        "a Python loop (measured apart on this text in an earlier session, one thread:",
-        "110-120 ns per pair to route and split and 105 ns to sum, where `Counter.update`",
-        "counts in C at about 45 ns per word; 0.31, 0.19 and 0.10 pairs per word at 1,024,",
-        "4,096 and 16,384 words per batch).  That user code alone, run as a plain loop in",
+        "a Python loop, while the plain loop counts in C",
+        f"({', '.join(f'{ceilings[b][1]:.2f}' for b in args.batch)} pairs per word at",
+        f"{sizes} words per batch).  That user code alone, run as a plain loop in",
         "one thread without the runtime, already reaches only",
-        f"{', '.join(f'{ceilings[b]:.2f}' for b in args.batch)} of the plain loop at",
+        f"{', '.join(f'{ceilings[b][0]:.2f}' for b in args.batch)} of the plain loop at",
         f"{sizes} words per batch (same run): the list dataflow cannot do better, and",
         "routing a Python object costs at least one dict operation on its key, about what",
         "`Counter` spends to count a word, so it stays below 0.50 at small batches.",
@@ -704,9 +706,10 @@ def main(argv: list[str] | None = None) -> None:
         "whose caches the other thread's Python has just used.  So on the `thread` runtime",
         "the number of GIL releases counts as much as the work.  Counted apart with a `perf`",
         "uprobe on `PyEval_SaveThread` (2026-11-23, not in this run): the string hash",
-        "releases the GIL 9 times per message (a multiply, an add and a prefix sum over all",
-        "the bytes, two gathers, a multiply and a shift; 20 with the previous",
-        "definition), the split 6 (9 with `RecordBatch.take`, which looks its function up",
+        "releases the GIL 7 times per message for 2 workers (a multiply and an add over all",
+        "the bytes, whose prefix sum releases none, two gathers, a subtraction, a multiply",
+        "and the shift that picks the worker; 20 with the previous definition), the split",
+        "6 (9 with `RecordBatch.take`, which looks its function up",
         "and converts the index, releasing the GIL on each), and the whole 2-worker `arrow`",
         "dataflow 9.0 times per input batch (15.1 before both and a leaner epoch sum, which",
         "reads the Arrow buffers instead of calling `to_numpy`; the plain loop runs the same",
