@@ -6,6 +6,8 @@
   UTF-8 bytes plus one) written here in plain Python, its high 32 bits times ``peers`` shifted
   down by 32 (nulls to worker 0) — for int64 and string key columns with nulls, on 1–4 workers
   of the thread runtime.
+* A value longer than the cached power tables is hashed with tables of its own, which are not
+  kept (the cache stays bounded), and still routes as the reference says.
 * The routes spread keys evenly: for key families that differ only in a few bytes (one-byte
   strings, numbered ids, paths differing in their middle, integers in a range), every worker's
   share of the distinct keys is within five binomial standard deviations of ``1 / peers``.
@@ -217,6 +219,18 @@ def test_string_column_routes_match_per_value_hash(values: list[str | None], pee
 def test_int64_column_routes_match_per_value_hash(values: list[int | None], peers: int) -> None:
     routes = column_routes(pa.array(values, pa.int64()), peers)
     assert routes.tolist() == [reference_route(v, peers) for v in values]
+
+
+def test_a_value_longer_than_the_cached_powers_hashes_right_and_is_not_kept() -> None:
+    """A value needing more powers than ``_CACHED_POWERS`` gets tables of its own: its route
+    is the reference's and the cached tables do not grow (memory stays bounded)."""
+    values = ["ab" * 2_600, "short", "x" * 4_097]
+    with mock.patch.object(routing, "_POWERS", routing._Powers()), \
+            mock.patch.object(routing, "_CACHED_POWERS", 4_096):
+        cached = len(routing._POWERS.tables[0])
+        routes = column_routes(pa.array(values, pa.string()), 7)
+        assert len(routing._POWERS.tables[0]) == cached == 4_096
+    assert routes.tolist() == [reference_route(v, 7) for v in values]
 
 
 # -- spread --------------------------------------------------------------------------------------

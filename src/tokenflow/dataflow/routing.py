@@ -55,9 +55,15 @@ def mix64(x: np.ndarray) -> np.ndarray:
     return x
 
 
+_CACHED_POWERS = 2 * SPAN_BYTES
+"""Most powers kept between calls (two tables of 16 MiB): a row range of about ``SPAN_BYTES``
+fits, and one value longer than that gets tables of its own, dropped after its hash."""
+
+
 class _Powers:
-    """``B**j`` and ``M * B**-j`` modulo 2**64 for ``j < size``, grown by doubling
-    (thread-safe: readers take the current pair, a grower replaces it whole)."""
+    """``B**j`` and ``M * B**-j`` modulo 2**64 for ``j < size``, grown by doubling up to
+    ``_CACHED_POWERS`` (thread-safe: readers take the current pair, a grower replaces it
+    whole); larger requests are built for the caller and not kept."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -77,6 +83,8 @@ class _Powers:
         tables = self.tables
         if len(tables[0]) >= size:
             return tables
+        if size > _CACHED_POWERS:
+            return self._build(size)
         with self._lock:
             if len(self.tables[0]) < size:
                 self.tables = self._build(1 << (size - 1).bit_length())
