@@ -1,0 +1,769 @@
+"""Snapshots of a job's keyed operator state at an epoch, stored per bin.
+
+Source: distributed-DBSP design, "Fault tolerance" (a per-worker state database whose commit
+by every worker forms a checkpoint, the basis for recovery only once every worker's part is
+durable) and "Scale in and out" (a restarted job redistributes state to another worker
+count).
+
+Each worker writes its part: for every named state and every bin in which that state has
+rows, one Arrow IPC stream of the bin's table, all concatenated in ``worker-<w>.bins``, and an
+index ``worker-<w>.json`` giving each blob's offset, length, crc32 and row count.  The driver
+checks every part and writes ``MANIFEST.json`` last; only then is the snapshot committed.  A
+job restarted at another worker count reads, per new worker, exactly the blobs of the bins it
+owns under the new routing table (one ranged read per run of adjacent blobs), and nothing else.
+
+Layout under ``root`` (a directory on a ``pyarrow.fs.FileSystem``)::
+
+    snapshot-<epoch, 20 digits>/
+        worker-<w:05d>.bins   IPC streams, one per (state, bin), concatenated
+        worker-<w:05d>.json   {"format", "job", "epoch", "bins", "worker",
+                               "states": {state: {bin: [offset, length, crc32, rows]}},
+                               "meta", "bins_crc32"}
+        MANIFEST.json         {"format", "job", "epoch", "bins", "routing", "workers",
+                               "parts": {w: crc32 of worker-<w>.json}, "meta", "created"}
+
+Every file is written under a hidden temporary name (``.<name>.<hex>.tmp``) in its directory
+and renamed into place; on a local filesystem the file is fsynced before, and its directory
+after, the rename.  Checksums are ``zlib.crc32``: they detect corruption and truncation, not
+tampering (the snapshot lives in the job's own storage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import uuid
+import zlib
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from tokenflow.state.bins import RoutingTable, check_bins
+
+FORMAT = 1
+"""Version of the snapshot layout written and read by this module."""
+MANIFEST = "MANIFEST.json"
+"""Name of the file whose presence commits a snapshot."""
+
+_DIR_RE = re.compile(r"snapshot-(\d{20})")
+_MAX_EPOCH = 10**20 - 1
+_WRITE_BUFFER = 1 << 20
+_MAX_READ = 64 << 20
+"""Adjacent blobs are fetched together up to this many bytes per ranged read."""
+
+# (state, bin, worker, offset, length, crc32, rows)
+_Blob = tuple[str, int, int, int, int, int, int]
+
+
+@dataclass(frozen=True)
+class _Index:
+    """A parsed worker index: state -> bin -> [offset, length, crc32, rows], meta, file crc."""
+
+    states: dict[str, dict[int, list[int]]]
+    meta: dict[str, Any]
+    bins_crc32: int
+
+
+class SnapshotError(Exception):
+    """A snapshot that is missing, uncommitted, of another job or bin count, or corrupt; the
+    message names the file involved and what is wrong."""
+
+
+@dataclass(frozen=True)
+class WorkerPart:
+    """One worker's written part of a snapshot, handed to ``commit_snapshot``.
+
+    Attributes:
+        worker: the writer's worker index.
+        index_path: path of its ``worker-<w>.json`` on the snapshot's filesystem.
+        crc32: ``zlib.crc32`` of the index file's bytes.
+        bytes_written: bytes of the ``.bins`` and ``.json`` files together.
+    """
+
+    worker: int
+    index_path: str
+    crc32: int
+    bytes_written: int
+
+
+# -- paths and filesystem helpers ------------------------------------------------------------
+
+
+def _join(parent: str, name: str) -> str:
+    if parent == "/":
+        return "/" + name
+    stripped = parent.rstrip("/")
+    return f"{stripped}/{name}" if stripped else name
+
+
+def _dir_name(epoch: int) -> str:
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch <= _MAX_EPOCH:
+        raise ValueError(f"a snapshot epoch must be an int in [0, 10**20), got {epoch!r}")
+    return f"snapshot-{epoch:020d}"
+
+
+def _part_name(worker: int, suffix: str) -> str:
+    return f"worker-{worker:05d}.{suffix}"
+
+
+def snapshot_dir(root: str | os.PathLike[str], epoch: int) -> str:
+    """Directory of the snapshot at ``epoch`` under ``root``: ``root/snapshot-<20 digits>``.
+
+    Raises:
+        ValueError: ``epoch`` not an int in ``[0, 10**20)``.
+    """
+    return _join(os.fspath(root), _dir_name(epoch))
+
+
+def _resolve(root: str | os.PathLike[str],
+             filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSystem, str]:
+    """The filesystem and the root's path on it: ``filesystem`` as given, else the URI's
+    filesystem (``scheme://...``), else the local one with an absolute path."""
+    path = os.fspath(root)
+    if filesystem is not None:
+        return filesystem, path
+    if "://" in path:
+        fs, inner = pafs.FileSystem.from_uri(path)
+        return fs, inner
+    return pafs.LocalFileSystem(), os.path.abspath(path)
+
+
+def _local_path(fs: pafs.FileSystem, path: str) -> str | None:
+    """The OS path of ``path`` if ``fs`` is local (possibly through sub-tree views)."""
+    if isinstance(fs, pafs.LocalFileSystem):
+        return path
+    if isinstance(fs, pafs.SubTreeFileSystem):
+        return _local_path(fs.base_fs, _join(fs.base_path, path.lstrip("/")))
+    return None
+
+
+def _fsync_path(os_path: str) -> None:
+    if os.name != "posix":
+        return
+    fd = os.open(os_path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _publish(fs: pafs.FileSystem, tmp: str, final: str) -> None:
+    """Rename ``tmp`` to ``final`` (replacing it), fsyncing the file first and the directory
+    after on a local filesystem."""
+    local = _local_path(fs, tmp)
+    if local is not None:
+        _fsync_path(local)
+    fs.move(tmp, final)
+    if local is not None:
+        _fsync_path(os.path.dirname(local) or ".")
+
+
+def _tmp_name(directory: str, name: str) -> str:
+    return _join(directory, f".{name}.{uuid.uuid4().hex}.tmp")
+
+
+def _write_file(fs: pafs.FileSystem, directory: str, name: str, chunks: Iterable[Any]) -> tuple[int, int]:
+    """Write ``chunks`` (bytes-like) atomically to ``directory/name``.
+
+    Returns:
+        ``(bytes, crc32)`` of the written file.
+    """
+    tmp = _tmp_name(directory, name)
+    size, crc = 0, 0
+    try:
+        with fs.open_output_stream(tmp, compression=None, buffer_size=_WRITE_BUFFER) as out:
+            for chunk in chunks:
+                out.write(chunk)
+                size += len(chunk)
+                crc = zlib.crc32(chunk, crc)
+        _publish(fs, tmp, _join(directory, name))
+    except BaseException:
+        _delete_quietly(fs, tmp)
+        raise
+    return size, crc
+
+
+def _delete_quietly(fs: pafs.FileSystem, path: str) -> None:
+    try:
+        fs.delete_file(path)
+    except OSError:
+        pass
+
+
+def _make_dir(fs: pafs.FileSystem, root: str, directory: str) -> None:
+    """Create ``directory`` (and parents); on a local filesystem fsync ``root`` so that the
+    new entry is durable."""
+    if fs.get_file_info(directory).type == pafs.FileType.Directory:
+        return
+    fs.create_dir(directory, recursive=True)
+    local = _local_path(fs, root)
+    if local is not None:
+        _fsync_path(local)
+
+
+def _read_whole(fs: pafs.FileSystem, path: str, what: str) -> bytes:
+    """All bytes of ``path``.
+
+    Raises:
+        SnapshotError: the file is missing or unreadable (``what`` describes it).
+    """
+    try:
+        with fs.open_input_file(path) as f:
+            return bytes(f.read())
+    except FileNotFoundError as exc:
+        raise SnapshotError(f"{path}: {what} is missing") from exc
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read {what}: {exc}") from exc
+
+
+def _dumps(document: Mapping[str, Any]) -> bytes:
+    return json.dumps(document, separators=(",", ":"), sort_keys=True, allow_nan=False).encode()
+
+
+def _json_object(value: Mapping[str, Any] | None, what: str) -> dict[str, Any]:
+    """``value`` as a JSON-ready dict (``{}`` for None).
+
+    Raises:
+        TypeError / ValueError: not JSON-serializable (with NaN/inf refused).
+    """
+    document = dict(value or {})
+    try:
+        json.dumps(document, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise type(exc)(f"{what} must be JSON-serializable: {exc}") from exc
+    return document
+
+
+def _check_non_negative(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {value!r}")
+    return value
+
+
+# -- writing ---------------------------------------------------------------------------------
+
+
+def _ipc_bytes(table: pa.Table) -> pa.Buffer:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    return sink.getvalue()
+
+
+def _checked_states(states: Mapping[str, Mapping[int, pa.Table]],
+                    bins: int) -> list[tuple[str, list[tuple[int, pa.Table]]]]:
+    """``states`` sorted by name and bin, with argument errors raised before any write."""
+    out = []
+    for state in sorted(states):
+        if not isinstance(state, str):
+            raise TypeError(f"state names must be str, got {state!r}")
+        per_bin = []
+        for b, table in states[state].items():
+            if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < bins:
+                raise ValueError(f"state {state!r}: bin {b!r} is not an int in [0, {bins})")
+            if not isinstance(table, pa.Table):
+                raise TypeError(f"state {state!r} bin {b}: expected a pyarrow.Table, "
+                                f"got {type(table).__name__}")
+            per_bin.append((int(b), table))
+        out.append((state, sorted(per_bin, key=lambda item: item[0])))
+    return out
+
+
+class _BlobWriter:
+    """Serializes the non-empty bins of each state, recording the index as it goes."""
+
+    def __init__(self, states: list[tuple[str, list[tuple[int, pa.Table]]]]) -> None:
+        self.states = states
+        self.index: dict[str, dict[str, list[int]]] = {}
+
+    def chunks(self) -> Iterable[pa.Buffer]:
+        offset = 0
+        for state, per_bin in self.states:
+            entries = self.index.setdefault(state, {})
+            for b, table in per_bin:
+                if table.num_rows == 0:
+                    continue
+                blob = _ipc_bytes(table)
+                entries[str(b)] = [offset, blob.size, zlib.crc32(blob), table.num_rows]
+                offset += blob.size
+                yield blob
+
+
+def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, worker: int, bins: int,
+                      states: Mapping[str, Mapping[int, pa.Table]],
+                      meta: Mapping[str, Any] | None = None,
+                      filesystem: pafs.FileSystem | None = None) -> WorkerPart:
+    """Write ``worker``'s part of the snapshot at ``epoch``: its ``.bins`` blobs, then its
+    ``.json`` index, each atomically; writing the same part again replaces it.
+
+    Args:
+        root: snapshot root (a local path, a URI, or a path on ``filesystem``).
+        job: the job's name, recorded and checked on open.
+        epoch: the snapshot's epoch, an int in ``[0, 10**20)``.
+        worker: the writer's worker index (>= 0).
+        bins: the job's bin count (a power of two).
+        states: per state name, per bin in ``[0, bins)``, the bin's rows (any schema);
+            empty tables are skipped, a state with no rows is still listed.
+        meta: the worker's JSON-serializable metadata (e.g. source positions).
+        filesystem: a ``pyarrow.fs.FileSystem`` (default: from ``root``).
+
+    Returns:
+        The ``WorkerPart`` to pass to ``commit_snapshot``.
+
+    Raises:
+        ValueError / TypeError: bad arguments (nothing is written).
+        SnapshotError: the snapshot at ``epoch`` is already committed.
+        OSError: the filesystem failed (no partial file is left under a final name).
+    """
+    if not isinstance(job, str):
+        raise TypeError(f"job must be a str, got {job!r}")
+    name = _dir_name(epoch)
+    _check_non_negative(worker, "worker")
+    check_bins(bins)
+    checked = _checked_states(states, bins)
+    meta_doc = _json_object(meta, "worker meta")
+    fs, base = _resolve(root, filesystem)
+    directory = _join(base, name)
+    manifest = _join(directory, MANIFEST)
+    if fs.get_file_info(manifest).type != pafs.FileType.NotFound:
+        raise SnapshotError(f"{manifest}: the snapshot at epoch {epoch} is already committed; "
+                            f"its parts cannot be rewritten")
+    _make_dir(fs, base, directory)
+    blobs = _BlobWriter(checked)
+    bins_size, bins_crc = _write_file(fs, directory, _part_name(worker, "bins"), blobs.chunks())
+    index = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins, "worker": worker,
+             "states": blobs.index, "meta": meta_doc, "bins_crc32": bins_crc}
+    index_name = _part_name(worker, "json")
+    index_size, index_crc = _write_file(fs, directory, index_name, [_dumps(index)])
+    return WorkerPart(worker, _join(directory, index_name), index_crc, bins_size + index_size)
+
+
+def _check_parts(fs: pafs.FileSystem, directory: str, job: str, epoch: int, bins: int,
+                 routing: RoutingTable, parts: Sequence[WorkerPart]) -> None:
+    """Every roster member has exactly one part, whose index is in place, unchanged (crc32)
+    and of this job, epoch, bin count and worker."""
+    workers = [p.worker for p in parts]
+    if len(set(workers)) != len(workers):
+        raise SnapshotError(f"{directory}: several parts for one worker: {sorted(workers)}")
+    if set(workers) != set(routing.roster):
+        raise SnapshotError(f"{directory}: parts of workers {sorted(workers)} do not match the "
+                            f"routing table's roster {list(routing.roster)}")
+    for part in parts:
+        path = _join(directory, _part_name(part.worker, "json"))
+        if part.index_path != path:
+            raise SnapshotError(f"{part.index_path}: part of worker {part.worker} is not in this "
+                                f"snapshot (expected {path})")
+        data = _read_whole(fs, path, f"the index of worker {part.worker}")
+        if zlib.crc32(data) != part.crc32:
+            raise SnapshotError(f"{path}: index changed after it was written (crc32 "
+                                f"{zlib.crc32(data):#010x}, part says {part.crc32:#010x})")
+        _parse_index(path, data, job=job, epoch=epoch, bins=bins, worker=part.worker)
+
+
+def commit_snapshot(root: str | os.PathLike[str], *, job: str, epoch: int, bins: int,
+                    routing: RoutingTable, parts: Sequence[WorkerPart],
+                    meta: Mapping[str, Any] | None = None,
+                    filesystem: pafs.FileSystem | None = None) -> str:
+    """Commit the snapshot at ``epoch``: check every part, then write ``MANIFEST.json``
+    atomically (the snapshot becomes a basis for recovery only then).
+
+    Args:
+        routing: the routing table in force at ``epoch`` (``bins`` bins); its roster must be
+            exactly the workers of ``parts``.
+        parts: one ``WorkerPart`` per worker, as returned by ``write_worker_part``.
+        meta: JSON-serializable job metadata.
+
+    Returns:
+        The path of ``MANIFEST.json``.
+
+    Raises:
+        SnapshotError: a part's index is missing, changed since it was written (crc32), or
+            of another job/epoch/bin count/worker; parts not matching the roster.
+        ValueError / TypeError: bad arguments.
+    """
+    name = _dir_name(epoch)
+    check_bins(bins)
+    if routing.bins != bins:
+        raise ValueError(f"the routing table has {routing.bins} bins, the snapshot {bins}")
+    meta_doc = _json_object(meta, "snapshot meta")
+    fs, base = _resolve(root, filesystem)
+    directory = _join(base, name)
+    _check_parts(fs, directory, job, epoch, bins, routing, parts)
+    ordered = sorted(parts, key=lambda p: p.worker)
+    manifest = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins,
+                "routing": routing.to_json(), "workers": [p.worker for p in ordered],
+                "parts": {str(p.worker): p.crc32 for p in ordered}, "meta": meta_doc,
+                "created": datetime.now(UTC).isoformat()}
+    _write_file(fs, directory, MANIFEST, [_dumps(manifest)])
+    return _join(directory, MANIFEST)
+
+
+# -- listing and deleting --------------------------------------------------------------------
+
+
+def _snapshot_dirs(fs: pafs.FileSystem, base: str) -> dict[int, str]:
+    """Epoch -> directory of every ``snapshot-<20 digits>`` directory under ``base``."""
+    selector = pafs.FileSelector(base, allow_not_found=True)
+    out = {}
+    for info in fs.get_file_info(selector):
+        match = _DIR_RE.fullmatch(info.base_name)
+        if match and info.type == pafs.FileType.Directory:
+            out[int(match.group(1))] = info.path
+    return out
+
+
+def _committed(fs: pafs.FileSystem, base: str) -> tuple[list[int], dict[int, str]]:
+    dirs = _snapshot_dirs(fs, base)
+    epochs = sorted(dirs)
+    infos = fs.get_file_info([_join(dirs[e], MANIFEST) for e in epochs])
+    return [e for e, info in zip(epochs, infos, strict=True) if info.type == pafs.FileType.File], dirs
+
+
+def committed_epochs(root: str | os.PathLike[str],
+                     filesystem: pafs.FileSystem | None = None) -> list[int]:
+    """Epochs of the committed snapshots (those with a ``MANIFEST.json``) under ``root``,
+    ascending; ``[]`` if ``root`` does not exist.  Other entries are ignored."""
+    fs, base = _resolve(root, filesystem)
+    return _committed(fs, base)[0]
+
+
+def _delete_dir(fs: pafs.FileSystem, directory: str) -> None:
+    """Delete the manifest first (a crash leaves an uncommitted directory, not a broken
+    committed snapshot), then the directory."""
+    _delete_quietly(fs, _join(directory, MANIFEST))
+    fs.delete_dir(directory)
+
+
+def delete_snapshot(root: str | os.PathLike[str], epoch: int,
+                    filesystem: pafs.FileSystem | None = None) -> None:
+    """Delete the snapshot at ``epoch`` (committed or not); nothing if there is none."""
+    fs, base = _resolve(root, filesystem)
+    directory = _join(base, _dir_name(epoch))
+    if fs.get_file_info(directory).type == pafs.FileType.Directory:
+        _delete_dir(fs, directory)
+
+
+def prune(root: str | os.PathLike[str], keep: int = 2,
+          filesystem: pafs.FileSystem | None = None) -> list[int]:
+    """Delete all committed snapshots but the ``keep`` newest, and the uncommitted snapshot
+    directories older than the newest committed one (newer ones may be being written).
+
+    Returns:
+        The deleted epochs, ascending.
+
+    Raises:
+        ValueError: ``keep < 1``.
+    """
+    if isinstance(keep, bool) or not isinstance(keep, int) or keep < 1:
+        raise ValueError(f"prune must keep at least one snapshot, got keep={keep!r}")
+    fs, base = _resolve(root, filesystem)
+    committed, dirs = _committed(fs, base)
+    if not committed:
+        return []
+    kept = set(committed[-keep:])
+    doomed = [e for e in sorted(dirs) if e not in kept and e < committed[-1]]
+    for epoch in doomed:
+        _delete_dir(fs, dirs[epoch])
+    return doomed
+
+
+# -- reading ---------------------------------------------------------------------------------
+
+
+def _field(document: dict[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    value = document.get(key)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise SnapshotError(f"{path}: field {key!r} is missing or not of type "
+                            f"{getattr(kind, '__name__', kind)} (got {value!r:.80})")
+    return value
+
+
+def _load_json(path: str, data: bytes, what: str) -> dict[str, Any]:
+    try:
+        document = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SnapshotError(f"{path}: {what} is not valid JSON: {exc}") from exc
+    if not isinstance(document, dict):
+        raise SnapshotError(f"{path}: {what} is not a JSON object")
+    if document.get("format") != FORMAT:
+        raise SnapshotError(f"{path}: {what} has format {document.get('format')!r:.40}, "
+                            f"expected {FORMAT}")
+    return document
+
+
+def _expect(path: str, what: str, found: Any, expected: Any) -> None:
+    if found != expected:
+        raise SnapshotError(f"{path}: {what} {found!r}, expected {expected!r}")
+
+
+def _parse_entries(path: str, state: str, entries: Any, bins: int) -> dict[int, list[int]]:
+    if not isinstance(entries, dict):
+        raise SnapshotError(f"{path}: state {state!r} is not a JSON object")
+    out = {}
+    for key, entry in entries.items():
+        ok = (isinstance(entry, list) and len(entry) == 4
+              and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry))
+        if not ok or not key.isdigit() or int(key) >= bins:
+            raise SnapshotError(f"{path}: state {state!r}: malformed entry for bin {key!r:.20}: "
+                                f"{entry!r:.80}")
+        out[int(key)] = entry
+    return out
+
+
+def _parse_index(path: str, data: bytes, *, job: str, epoch: int, bins: int, worker: int) -> _Index:
+    """A worker index, checked against the snapshot's identity."""
+    document = _load_json(path, data, "worker index")
+    _expect(path, "index of job", _field(document, "job", str, path), job)
+    _expect(path, "index of epoch", _field(document, "epoch", int, path), epoch)
+    _expect(path, "index with bin count", _field(document, "bins", int, path), bins)
+    _expect(path, "index of worker", _field(document, "worker", int, path), worker)
+    bins_crc32 = _field(document, "bins_crc32", int, path)
+    meta = _field(document, "meta", dict, path)
+    states = {state: _parse_entries(path, state, entries, bins)
+              for state, entries in _field(document, "states", dict, path).items()}
+    return _Index(states, meta, bins_crc32)
+
+
+def _parse_manifest(path: str, data: bytes, epoch: int) -> dict[str, Any]:
+    """The manifest's fields, type-checked; ``routing`` as a ``RoutingTable``."""
+    document = _load_json(path, data, "manifest")
+    _expect(path, "manifest of epoch", _field(document, "epoch", int, path), epoch)
+    bins = _field(document, "bins", int, path)
+    try:
+        check_bins(bins)
+        routing = RoutingTable.from_json(_field(document, "routing", dict, path))
+    except ValueError as exc:
+        raise SnapshotError(f"{path}: {exc}") from exc
+    _expect(path, "routing table with bin count", routing.bins, bins)
+    workers = _field(document, "workers", list, path)
+    parts = _field(document, "parts", dict, path)
+    valid = all(isinstance(w, int) and not isinstance(w, bool) and w >= 0 for w in workers)
+    if not valid or sorted(parts) != sorted(str(w) for w in workers) \
+            or not all(isinstance(c, int) for c in parts.values()):
+        raise SnapshotError(f"{path}: malformed workers {workers!r:.80} / parts {parts!r:.80}")
+    return {"job": _field(document, "job", str, path), "bins": bins, "routing": routing,
+            "workers": sorted(workers), "parts": {int(w): c for w, c in parts.items()},
+            "meta": _field(document, "meta", dict, path)}
+
+
+class Snapshot:
+    """A committed snapshot, open for reading bins (``Snapshot.open``).
+
+    Attributes:
+        epoch: the snapshot's epoch.
+        job: the job's name.
+        bins: the bin count.
+        routing: the routing table in force at ``epoch``.
+        workers: the writer workers, ascending.
+        meta: the job metadata given to ``commit_snapshot``.
+        bytes_read: blob bytes read so far per writer worker (index reads excluded).
+    """
+
+    def __init__(self, fs: pafs.FileSystem, directory: str, epoch: int, manifest: dict[str, Any],
+                 indexes: dict[int, _Index]) -> None:
+        self._fs = fs
+        self._dir = directory
+        self.epoch = epoch
+        self.job: str = manifest["job"]
+        self.bins: int = manifest["bins"]
+        self.routing: RoutingTable = manifest["routing"]
+        self.workers: list[int] = manifest["workers"]
+        self.meta: dict[str, Any] = manifest["meta"]
+        self._indexes = indexes
+        self._blobs = self._merge(indexes)
+        self.bytes_read: dict[int, int] = dict.fromkeys(self.workers, 0)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def open(cls, root: str | os.PathLike[str], epoch: int | None = None, *, job: str | None = None,
+             bins: int | None = None, filesystem: pafs.FileSystem | None = None) -> Snapshot:
+        """Open the latest committed snapshot under ``root`` (or the one at ``epoch``),
+        reading its manifest and every worker index.
+
+        Args:
+            job: if given, the job the snapshot must belong to.
+            bins: if given, the bin count the snapshot must have.
+
+        Raises:
+            SnapshotError: no committed snapshot (at ``epoch``); a manifest that is not valid
+                JSON or has a wrong format or fields; another job's snapshot; another bin
+                count; a worker index that is missing, differs from the manifest's crc32, or
+                is malformed.
+        """
+        fs, base = _resolve(root, filesystem)
+        if epoch is None:
+            committed = committed_epochs(base, fs)
+            if not committed:
+                raise SnapshotError(f"{base}: no committed snapshot (no snapshot-*/{MANIFEST})")
+            epoch = committed[-1]
+        directory = _join(base, _dir_name(epoch))
+        path = _join(directory, MANIFEST)
+        info = fs.get_file_info(path)
+        if info.type != pafs.FileType.File:
+            state = "does not exist" if fs.get_file_info(directory).type == pafs.FileType.NotFound \
+                else f"is not committed (no {MANIFEST})"
+            raise SnapshotError(f"{path}: the snapshot at epoch {epoch} {state}")
+        manifest = _parse_manifest(path, _read_whole(fs, path, "the manifest"), epoch)
+        if job is not None and manifest["job"] != job:
+            raise SnapshotError(f"{path}: snapshot of job {manifest['job']!r}, expected {job!r}")
+        if bins is not None and manifest["bins"] != bins:
+            raise SnapshotError(f"{path}: snapshot of {manifest['bins']} bins, expected {bins}")
+        indexes = {w: cls._load_index(fs, directory, manifest, epoch, w) for w in manifest["workers"]}
+        return cls(fs, directory, epoch, manifest, indexes)
+
+    @staticmethod
+    def _load_index(fs: pafs.FileSystem, directory: str, manifest: dict[str, Any], epoch: int,
+                    worker: int) -> _Index:
+        path = _join(directory, _part_name(worker, "json"))
+        data = _read_whole(fs, path, f"the index of worker {worker}")
+        expected = manifest["parts"][worker]
+        if zlib.crc32(data) != expected:
+            raise SnapshotError(f"{path}: index of worker {worker} is corrupt (crc32 "
+                                f"{zlib.crc32(data):#010x}, manifest says {expected:#010x})")
+        return _parse_index(path, data, job=manifest["job"], epoch=epoch, bins=manifest["bins"],
+                            worker=worker)
+
+    def _merge(self, indexes: dict[int, _Index]) -> dict[str, dict[int, _Blob]]:
+        """State -> bin -> blob over all workers; a (state, bin) in two parts is an error."""
+        out: dict[str, dict[int, _Blob]] = {}
+        for w, index in sorted(indexes.items()):
+            for state, entries in index.states.items():
+                merged = out.setdefault(state, {})
+                for b, (offset, length, crc, rows) in entries.items():
+                    if b in merged:
+                        raise SnapshotError(f"{self._bins_path(w)}: state {state!r} bin {b} is "
+                                            f"also in the part of worker {merged[b][2]}")
+                    merged[b] = (state, b, w, offset, length, crc, rows)
+        return out
+
+    def _bins_path(self, worker: int) -> str:
+        return _join(self._dir, _part_name(worker, "bins"))
+
+    def worker_meta(self, worker: int) -> dict[str, Any]:
+        """The metadata ``worker`` wrote with its part.
+
+        Raises:
+            KeyError: ``worker`` wrote no part of this snapshot.
+        """
+        if worker not in self._indexes:
+            raise KeyError(f"worker {worker} has no part in the snapshot at epoch {self.epoch}")
+        return dict(self._indexes[worker].meta)
+
+    def states(self) -> list[str]:
+        """Names of the states written by any worker, sorted."""
+        return sorted(self._blobs)
+
+    def stored_bytes(self, state: str | None = None) -> dict[int, int]:
+        """Blob bytes per writer worker according to the indexes (of ``state``, or all)."""
+        out = dict.fromkeys(self.workers, 0)
+        for name, blobs in self._blobs.items():
+            if state is None or name == state:
+                for blob in blobs.values():
+                    out[blob[2]] += blob[4]
+        return out
+
+    def read(self, state: str, bins: Iterable[int]) -> dict[int, pa.Table]:
+        """The tables of ``state`` in ``bins``: ``{bin: table}`` for the bins holding rows
+        (an unknown state gives ``{}``).  Only these blobs' bytes are read, one ranged read
+        per run of adjacent blobs; every blob is verified before anything is returned.
+
+        Raises:
+            ValueError: a bin outside ``[0, bins)``.
+            SnapshotError: a missing or truncated ``.bins`` file, a crc32 mismatch, or a blob
+                that does not decode to its recorded row count (naming file, state and bin).
+        """
+        wanted = sorted(set(bins))
+        if wanted and not (0 <= wanted[0] and wanted[-1] < self.bins):
+            raise ValueError(f"bins must be in [0, {self.bins}), got {wanted[0]}..{wanted[-1]}")
+        blobs = self._blobs.get(state, {})
+        selected = [blobs[b] for b in wanted if b in blobs]
+        by_worker: dict[int, list[_Blob]] = {}
+        for blob in selected:
+            by_worker.setdefault(blob[2], []).append(blob)
+        out: dict[int, pa.Table] = {}
+        for worker, group in sorted(by_worker.items()):
+            out.update(self._read_worker(worker, sorted(group, key=lambda blob: blob[3])))
+        return {b: out[b] for b in sorted(out)}
+
+    def _read_worker(self, worker: int, blobs: list[_Blob]) -> dict[int, pa.Table]:
+        path = self._bins_path(worker)
+        out: dict[int, pa.Table] = {}
+        try:
+            handle = self._fs.open_input_file(path)
+        except OSError as exc:
+            state, b = blobs[0][0], blobs[0][1]
+            raise SnapshotError(f"{path}: cannot open the blobs of state {state!r} (bin {b}, ...): "
+                                f"{exc}") from exc
+        with handle:
+            for run in _runs(blobs):
+                start = run[0][3]
+                size = run[-1][3] + run[-1][4] - start
+                data = pa.py_buffer(handle.read_at(size, start))
+                with self._lock:
+                    self.bytes_read[worker] += data.size
+                for blob in run:
+                    out[blob[1]] = _decode(path, data, start, blob)
+        return out
+
+    def verify(self) -> None:
+        """Read every worker's whole ``.bins`` file and check it against its index's
+        ``bins_crc32`` (counted in ``bytes_read``).
+
+        Raises:
+            SnapshotError: a missing or corrupt ``.bins`` file (naming it).
+        """
+        for worker in self.workers:
+            path = self._bins_path(worker)
+            data = _read_whole(self._fs, path, f"the blobs of worker {worker}")
+            with self._lock:
+                self.bytes_read[worker] += len(data)
+            expected = self._indexes[worker].bins_crc32
+            if zlib.crc32(data) != expected:
+                raise SnapshotError(f"{path}: blobs of worker {worker} are corrupt (crc32 "
+                                    f"{zlib.crc32(data):#010x}, index says {expected:#010x})")
+
+    def __repr__(self) -> str:
+        return (f"Snapshot(job={self.job!r}, epoch={self.epoch}, bins={self.bins}, "
+                f"workers={self.workers}, states={len(self._blobs)})")
+
+
+def _runs(blobs: list[_Blob]) -> Iterable[list[_Blob]]:
+    """Blobs (sorted by offset) grouped into runs of adjacent ones of at most ``_MAX_READ``
+    bytes (a single larger blob forms its own run)."""
+    run: list[_Blob] = []
+    for blob in blobs:
+        if run and (blob[3] != run[-1][3] + run[-1][4] or blob[3] + blob[4] - run[0][3] > _MAX_READ):
+            yield run
+            run = []
+        run.append(blob)
+    if run:
+        yield run
+
+
+def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob) -> pa.Table:
+    """The table of one blob within ``data`` (read from offset ``start``), verified."""
+    state, b, _, offset, length, crc, rows = blob
+    where = f"{path}: state {state!r} bin {b} (offset {offset}, {length} bytes)"
+    if offset - start + length > data.size:
+        raise SnapshotError(f"{where}: file truncated (read {max(0, data.size - offset + start)} "
+                            f"bytes)")
+    view = data.slice(offset - start, length)
+    if zlib.crc32(view) != crc:
+        raise SnapshotError(f"{where}: crc32 {zlib.crc32(view):#010x}, index says {crc:#010x}")
+    try:
+        table = pa.ipc.open_stream(view).read_all()
+    except (pa.ArrowException, OSError, ValueError) as exc:
+        raise SnapshotError(f"{where}: cannot decode the Arrow IPC stream: {exc}") from exc
+    if table.num_rows != rows:
+        raise SnapshotError(f"{where}: {table.num_rows} rows, index says {rows}")
+    return table
+
+
+__all__ = ["FORMAT", "MANIFEST", "Snapshot", "SnapshotError", "WorkerPart", "commit_snapshot",
+           "committed_epochs", "delete_snapshot", "prune", "snapshot_dir", "write_worker_part"]
