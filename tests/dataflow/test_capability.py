@@ -2,15 +2,16 @@
 life-cycle (retain / downgrade / copy / drop / garbage collection) shows in downstream frontiers;
 ``CapabilitySet`` semantics.
 
-Source: timestamp-tokens-paper.md §3-§4, DESIGN.md ("Timestamp tokens in Python").  Dataflows
-run on one ``Worker`` over a ``ThreadFabric(1)`` stepped from the test thread, so an error raised
-by operator logic comes out of ``worker.step()``.
+Source: the timestamp-tokens paper §3-§4 (Lattuada, McSherry et al., 2022), docs/ARCHITECTURE.md
+("Timestamp tokens in Python").  Dataflows run on one ``Worker`` over a ``ThreadFabric(1)`` stepped
+from the test thread, so an error raised by operator logic comes out of ``worker.step()``.
 """
 
 from __future__ import annotations
 
 import gc
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -486,6 +487,90 @@ def test_garbage_collected_capability_is_released(cycle: bool) -> None:
     del token
     gc.collect()
     assert not settle(worker, 10)
+    assert probe.done()
+    assert cap.done
+
+
+class OwnerCheckedBatch(ChangeBatch[Any]):
+    """A ``ChangeBatch`` that records the thread of every call that changes its list directly."""
+
+    __slots__ = ("writers",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writers: list[int] = []
+
+    def update(self, key: Any, diff: int) -> None:
+        self.writers.append(threading.get_ident())
+        super().update(key, diff)
+
+    def extend(self, updates: Any) -> None:
+        self.writers.append(threading.get_ident())
+        super().extend(updates)
+
+
+def collect_on_another_thread() -> int:
+    """Run the cycle collector on a new thread (as a peer worker's allocation would on the
+    ``thread`` runtime); returns that thread's id."""
+    ident: list[int] = []
+
+    def run() -> None:
+        ident.append(threading.get_ident())
+        gc.collect()
+
+    thread = threading.Thread(target=run, name="other-worker")
+    thread.start()
+    thread.join()
+    return ident[0]
+
+
+def test_capability_collected_on_another_thread_defers_its_release() -> None:
+    """``__del__`` on a thread other than the owner's leaves the owner's batch alone, queues the
+    release and asks for the operator to run; the owner's next read applies the release."""
+    internal = OwnerCheckedBatch()
+    woken: list[int] = []
+    owner = threading.get_ident()
+    kept = Capability(1, internal, 0, "Op", lambda: woken.append(threading.get_ident()))
+    gc.disable()  # no collection on this thread until the other thread has run one
+    try:
+        box: dict[str, Any] = {"caps": [kept.copy(), kept.delayed(2), kept.delayed(3)]}
+        box["self"] = box  # only the cycle collector can free the three tokens
+        del box
+        woken.clear()
+        collector = collect_on_another_thread()
+    finally:
+        gc.enable()
+    assert collector != owner
+    assert set(internal.writers) == {owner}  # the collecting thread never touched the list
+    assert woken == [collector] * 3  # every release asks for the operator to be scheduled
+    reported: ChangeBatch[Any] = ChangeBatch()
+    internal.drain_into(reported)  # what ``OperatorCore.schedule`` does after an invocation
+    assert counts(reported) == {1: 1}  # three +1 and three -1 cancel; ``kept`` remains
+    assert internal.is_empty()
+    kept.drop()  # on the owner's thread: applied at once
+    assert counts(internal) == {1: -1}
+
+
+def test_capability_collected_on_another_thread_is_reported() -> None:
+    """A token of a running dataflow collected on another thread: the queued release activates
+    its operator, whose next invocation reports it, and the dataflow completes."""
+    worker, inp, holder, probe, cap = holder_dataflow()
+    inp.send("a")
+    inp.close()
+    settle(worker, 5)
+    assert probe.with_frontier() == [0]
+    invocations = holder.invocations
+    gc.disable()
+    try:
+        box: dict[str, Any] = {"token": holder.held.pop("main")}
+        box["self"] = box
+        del box
+        collect_on_another_thread()
+    finally:
+        gc.enable()
+    assert probe.with_frontier() == [0]  # nothing is reported before the owner steps
+    assert not settle(worker, 10)
+    assert holder.invocations > invocations  # scheduled because the release activated it
     assert probe.done()
     assert cap.done
 

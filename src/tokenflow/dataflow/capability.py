@@ -1,7 +1,9 @@
 """Timestamp tokens: ``Capability``, ``CapabilityRef`` and ``CapabilitySet``.
 
-Source: timestamp-tokens-paper.md §3–§4 (token life-cycle; ``TimestampToken``,
-``TimestampTokenRef`` and ``retain``); DESIGN.md ("Timestamp tokens in Python").
+Source: the timestamp-tokens paper §3–§4 (Lattuada, McSherry et al., *Timestamp tokens: a
+better coordination primitive for data-processing systems*, 2022: token life-cycle,
+``TimestampToken``, ``TimestampTokenRef`` and ``retain``); docs/ARCHITECTURE.md ("Timestamp
+tokens in Python").
 
 A ``Capability`` lets its holder produce data at its time (or later) on one output port.  Its
 creation and copies add ``+1`` at ``(port, time)`` in the operator's shared bookkeeping
@@ -10,11 +12,19 @@ creation and copies add ``+1`` at ``(port, time)`` in the operator's shared book
 each operator invocation and broadcasts the net changes; a token changed outside an invocation
 of its operator (dropped by worker code, garbage collected) asks, through its ``activate`` hook,
 for the operator to be scheduled so that the change is reported.
+
+Threads: a token belongs to the thread that created it (its worker's).  On the ``thread``
+runtime all workers share one heap, and the cycle collector runs on whichever thread happens to
+allocate, so ``__del__`` may run on another worker's thread.  It then does not touch the
+bookkeeping ``ChangeBatch`` (not thread-safe) but queues the release with
+``ChangeBatch.defer``; the owner folds it in when it next reads the batch (after the operator's
+next invocation, which the ``activate`` hook requests).  ``drop()`` itself is unchanged.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from threading import get_ident
 from typing import Any
 
 from tokenflow.order.partial_order import less_equal
@@ -28,10 +38,12 @@ class CapabilityError(RuntimeError):
 class Capability:
     """An owned timestamp token for ``time`` on output ``port`` of operator ``operator``.
 
-    Copy with ``copy()`` or ``delayed(t)``; release with ``drop()``.
+    Copy with ``copy()`` or ``delayed(t)``; release with ``drop()``.  ``drop()``, ``downgrade``
+    and the copies must be used on the owning worker's thread (the one that created the token);
+    only the garbage-collection backstop may run elsewhere.
     """
 
-    __slots__ = ("_time", "_internal", "_port", "_operator", "_valid", "_activate")
+    __slots__ = ("_time", "_internal", "_port", "_operator", "_valid", "_activate", "_owner")
 
     def __init__(self, time: Any, internal: ChangeBatch[Any], port: int, operator: str,
                  activate: Callable[[], None] | None = None) -> None:
@@ -40,6 +52,7 @@ class Capability:
         self._port = port
         self._operator = operator
         self._activate = activate  # schedules the operator so it reports the bookkeeping
+        self._owner = get_ident()  # the thread whose worker owns ``internal``
         self._valid = True
         internal.update(time, 1)
         if activate is not None:
@@ -124,8 +137,20 @@ class Capability:
 
     def __del__(self) -> None:
         # Backstop: a token that is garbage collected is released, like Rust's Drop.
-        if getattr(self, "_valid", False):
+        if not getattr(self, "_valid", False):
+            return
+        if get_ident() == self._owner:
             self.drop()
+            return
+        # Collected on another thread (the cycle collector runs on whichever thread
+        # allocates): queue the release for the owner instead of mutating its batch, then ask
+        # for the operator to be scheduled so the owner folds it in and reports it.  The order
+        # matters: queued first, so an owner that is just finishing an invocation either sees
+        # the release or is no longer running when ``activate`` checks.
+        self._valid = False
+        self._internal.defer(self._time, -1)
+        if self._activate is not None:
+            self._activate()
 
     def __repr__(self) -> str:
         state = "" if self._valid else ", dropped"

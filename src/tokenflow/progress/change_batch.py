@@ -1,27 +1,39 @@
 """``ChangeBatch``: a collection of ``(key, diff)`` updates, compacted lazily.
 
-Source: progress-tracking-notes.md ("SharedProgress"); timely's ``progress/change_batch.rs``.
-Updates are appended (O(1)); the batch consolidates (sums diffs per key, drops zeros) only when
-asked for its contents or when it holds more than twice as many entries as after the last
-consolidation, so a hot loop of updates costs a list append each.
+Source: timely-dataflow's ``progress/`` notes ("SharedProgress") and
+``progress/change_batch.rs``.  Updates are appended (O(1)); the batch consolidates (sums diffs
+per key, drops zeros) only when asked for its contents or when it holds more than twice as many
+entries as after the last consolidation, so a hot loop of updates costs a list append each.
+
+A batch belongs to one thread (its worker's): ``update`` and the readers are not thread-safe.
+Another thread may only call ``defer``, which queues an update on a ``collections.deque``
+(whose ``append`` is atomic); the owner folds queued updates in before it reads the batch
+(``drain_into``, ``drain``, ``iter``, ``is_empty``, ...).  A ``Capability`` garbage collected on
+another worker's thread releases itself this way.
 """
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Generic, TypeVar
 
 K = TypeVar("K")
 
+_DEFER_LOCK = threading.Lock()
+"""Guards the lazy creation of a batch's ``_deferred`` queue (taken at most once per batch)."""
+
 
 class ChangeBatch(Generic[K]):
     """A lazily consolidated multiset of ``key → diff`` (diff an ``int``, may be negative)."""
 
-    __slots__ = ("_updates", "_clean")
+    __slots__ = ("_updates", "_clean", "_deferred")
 
     def __init__(self, updates: Iterable[tuple[K, int]] | None = None) -> None:
         self._updates: list[tuple[K, int]] = []
         self._clean = 0
+        self._deferred: deque[tuple[K, int]] | None = None  # updates from other threads
         if updates is not None:
             self.extend(updates)
 
@@ -41,6 +53,34 @@ class ChangeBatch(Generic[K]):
             if n > 32 and n >> 1 >= self._clean:
                 self.compact()
 
+    def defer(self, key: K, diff: int) -> None:
+        """Queue ``(key, diff)`` from any thread; the owner applies it at its next read.
+
+        Thread-safe (unlike ``update``): the update goes to a ``deque`` created on first use,
+        never to the list the owner is working on.
+        """
+        if not diff:
+            return
+        deferred = self._deferred
+        if deferred is None:
+            with _DEFER_LOCK:
+                deferred = self._deferred
+                if deferred is None:
+                    deferred = self._deferred = deque()
+        deferred.append((key, diff))
+
+    def _absorb(self) -> None:
+        """Move deferred updates into the batch (owner thread only)."""
+        deferred = self._deferred
+        if deferred:  # None or an empty deque: nothing to do
+            pop = deferred.popleft
+            append = self._updates.append
+            while True:
+                try:
+                    append(pop())
+                except IndexError:  # emptied (another thread may still append later)
+                    break
+
     def extend(self, updates: Iterable[tuple[K, int]]) -> None:
         """Add every ``(key, diff)`` of ``updates``."""
         self._updates.extend(u for u in updates if u[1])
@@ -53,6 +93,8 @@ class ChangeBatch(Generic[K]):
 
     def compact(self) -> None:
         """Consolidate: one entry per key with a non-zero total."""
+        if self._deferred:
+            self._absorb()
         n = len(self._updates)
         if n <= 1:  # zero diffs are never stored, so one update is already consolidated
             self._clean = n
@@ -66,6 +108,8 @@ class ChangeBatch(Generic[K]):
 
     def is_empty(self) -> bool:
         """True when every key's total is zero."""
+        if self._deferred:
+            self._absorb()
         if self._clean == len(self._updates):
             return self._clean == 0
         self.compact()
@@ -99,6 +143,8 @@ class ChangeBatch(Generic[K]):
 
     def drain_into(self, other: ChangeBatch[K]) -> None:
         """Move every update of ``self`` into ``other`` (without consolidating first)."""
+        if self._deferred:
+            self._absorb()
         if self._updates:
             other._updates.extend(self._updates)
             other._maintain()
@@ -106,6 +152,7 @@ class ChangeBatch(Generic[K]):
             self._clean = 0
 
     def clear(self) -> None:
+        """Forget the applied updates (deferred ones, not yet applied, stay queued)."""
         self._updates = []
         self._clean = 0
 
