@@ -52,6 +52,7 @@ from tokenflow.dataflow.operators.generic import unary, unary_frontier
 from tokenflow.dataflow.routing import column_routes, partition_arrow
 from tokenflow.order.summary import Increment
 from tokenflow.progress import Antichain, Builder, Source, Target
+from tokenflow.state.bins import RoutingTable
 
 RESULTS = Path(__file__).parent / "results"
 EPOCH_BATCHES = 10
@@ -275,7 +276,7 @@ def dataflow_arrow(batches: list[pa.Array], repeat: int, workers: int,
     def job(worker: Any) -> tuple[float, float, int]:
         if runtime != "thread":  # a fresh process: load the kernels before timing
             _epoch_sum([_value_counts(batches[0])])
-            column_routes(_value_counts(batches[0]).column("word"), worker.peers)
+            column_routes(_value_counts(batches[0]).column("word"), worker.routing)
 
         def build(scope: Any) -> Any:
             inp, words = scope.new_input()
@@ -365,9 +366,10 @@ def routing_cost(arrays: list[pa.Array],
         parts = [_value_counts(a) for a in arrays[i : i + EPOCH_BATCHES // 2]]
         messages.append(pa.concat_batches(parts))
     combined = statistics.mean(_epoch_sum([m]).num_rows for m in messages)
-    routes = [column_routes(m.column("word"), 2) for m in messages]
+    table = RoutingTable.even(2)
+    routes = [column_routes(m.column("word"), table) for m in messages]
     work = {
-        "hash": lambda k: column_routes(messages[k].column("word"), 2),
+        "hash": lambda k: column_routes(messages[k].column("word"), table),
         "split": lambda k: list(partition_arrow(messages[k], routes[k], 2)),
         "combine": lambda k: _epoch_sum([messages[k]]),
     }

@@ -319,10 +319,10 @@ def run_transport(side: Callable[[str, Connection, float], None], seconds: float
 
 def roundtrip_job(epochs: int) -> Callable[[Any], list[float]]:
     def job(worker: Any) -> list[float]:
-        from tokenflow.dataflow.routing import routes_for, stable_hash
+        from tokenflow.dataflow.routing import stable_hash
 
         # a key that the exchange routes to worker 1, so every record crosses the mesh
-        key = next(k for k in range(100) if routes_for(stable_hash([k]), worker.peers)[0] == 1)
+        key = next(k for k in range(100) if worker.routing.routes(stable_hash([k]))[0] == 1)
 
         def build(scope: Any) -> tuple[Any, Any]:
             inp, stream = scope.new_input()

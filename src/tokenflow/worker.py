@@ -12,9 +12,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tokenflow.dataflow.scope import Scope
+from tokenflow.dataflow.state import BinnedState
 from tokenflow.order.summary import Increment
 from tokenflow.progress.broadcast import Progcaster
 from tokenflow.progress.subgraph import Subgraph, SubgraphBuilder
+from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
 
 R = TypeVar("R")
 
@@ -50,18 +52,42 @@ class Activations:
         return not self._active
 
 
+class Traffic:
+    """Records this worker's operators pushed into channels (``sent``: each record counted
+    once per worker that receives it) and pulled out of them (``received``).  Summed over all
+    workers of a job, ``sent == received`` once no data message is in flight; the quiescence
+    check before a snapshot relies on it (``tokenflow.snapshot``)."""
+
+    __slots__ = ("sent", "received")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.received = 0
+
+
 class Worker:
     """One worker of a job.
 
     Args:
         allocator: the worker's allocator (``index``, ``peers``, ``allocate``, ``receive``,
             ``flush``, ``park``).
+        routing: the job's routing table (bin -> worker); default: ``DEFAULT_BINS`` bins in
+            even contiguous ranges over the ``peers`` workers.
     """
 
-    def __init__(self, allocator: Any) -> None:
+    def __init__(self, allocator: Any, routing: RoutingTable | None = None) -> None:
         self.allocator = allocator
         self.index: int = allocator.index
         self.peers: int = allocator.peers
+        self.routing: RoutingTable = routing if routing is not None else \
+            RoutingTable.even(self.peers, DEFAULT_BINS)
+        """Where keyed exchanges send a key's bin; fixed before the first dataflow is built."""
+        self.states: dict[str, BinnedState] = {}
+        """Declared operator state by stable key (``OperatorBuilder.state``)."""
+        self.restore: Any = None
+        """A snapshot reader (``tokenflow.state.snapshot.Snapshot``) whose bins this worker
+        loads into every state it declares, or None."""
+        self.traffic = Traffic()
         self.activations = Activations()
         self._identifiers = 0
         self._dataflow_count = 0
@@ -76,6 +102,26 @@ class Worker:
         """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
 
     # -- construction ----------------------------------------------------------------------
+
+    def register_state(self, key: str, state: BinnedState) -> None:
+        """Declare operator state under ``key`` (stable across runs of the same dataflows):
+        attach it to the routing table and, when restoring, load the bins this worker owns.
+
+        Raises:
+            ValueError: ``key`` is already declared.
+        """
+        if key in self.states:
+            raise ValueError(f"worker {self.index}: operator state {key!r} declared twice")
+        owned = self.routing.owned_by(self.index)
+        state.attach(self.routing.bins, int(owned[0]) if len(owned) else -1)
+        self.states[key] = state
+        if self.restore is not None:
+            state.load(self.restore.read(key, owned.tolist()))
+
+    def export_states(self, bins: Any = None) -> dict[str, dict[int, Any]]:
+        """Every declared state's bins (all held when ``bins`` is None), by key: what a
+        snapshot writes (``{key: {bin: pa.Table}}``)."""
+        return {key: state.export(bins) for key, state in self.states.items()}
 
     def new_identifier(self) -> int:
         """The next channel identifier (the same sequence on every worker)."""

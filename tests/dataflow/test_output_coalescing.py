@@ -19,6 +19,7 @@ from tokenflow.dataflow.operators.capture import Capture
 from tokenflow.dataflow.operators.generic import unary
 from tokenflow.dataflow.routing import column_routes
 from tokenflow.execute import execute
+from tokenflow.state.bins import RoutingTable
 from tokenflow.worker import Worker
 
 
@@ -145,7 +146,8 @@ def test_coalesced_exchange_keeps_every_row_once(workers: int) -> None:
     everything = sorted(v for values, _ in results for v in values)
     assert everything == list(range(workers * rows_per_worker))
     for w, (values, messages) in enumerate(results):
-        assert column_routes(pa.array(values, pa.int64()), workers).tolist() == [w] * len(values)
+        table = RoutingTable.even(workers)
+        assert column_routes(pa.array(values, pa.int64()), table).tolist() == [w] * len(values)
         assert messages < len(values)  # coalesced: not one message per row
 
 

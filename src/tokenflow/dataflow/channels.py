@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from tokenflow.dataflow.routing import KeyRouter, partition_batch
+from tokenflow.state.bins import RoutingTable
 
 Message = tuple[Any, Any]
 """``(time, batch)``."""
@@ -28,10 +29,12 @@ class Pull(Protocol):
 
 
 class ChannelHost(Protocol):
-    """What a pact needs from the worker: identifiers, allocation and activation."""
+    """What a pact needs from the worker: identifiers, allocation, activation and the job's
+    routing table (bin -> worker)."""
 
     index: int
     peers: int
+    routing: RoutingTable
 
     def allocate(self, identifier: int, path: tuple[int, ...]) -> tuple[list[Push], Pull]: ...
 
@@ -103,15 +106,18 @@ class Pipeline:
 
 
 class ExchangePusher:
-    """Splits each batch by the route of its records and pushes each part to its worker."""
+    """Splits each batch by the route of its records (key -> bin -> owner in ``table``) and
+    pushes each part to its worker."""
 
-    __slots__ = ("pushers", "key", "column", "router")
+    __slots__ = ("pushers", "key", "column", "router", "table")
 
-    def __init__(self, pushers: Sequence[Push], key: Any, column: str | None) -> None:
+    def __init__(self, pushers: Sequence[Push], key: Any, column: str | None,
+                 table: RoutingTable | None = None) -> None:
         self.pushers = list(pushers)
         self.key = key
         self.column = column
-        self.router = KeyRouter(key, len(self.pushers))
+        self.table = table if table is not None else RoutingTable.even(len(self.pushers))
+        self.router = KeyRouter(key, self.table)
 
     def push(self, message: Message) -> None:
         time, batch = message
@@ -120,13 +126,15 @@ class ExchangePusher:
             pushers[0].push(message)
             return
         for worker, part in partition_batch(batch, len(pushers), self.key, self.column,
-                                             self.router):
+                                             self.router, self.table):
             pushers[worker].push((time, part))
 
 
 class Exchange:
-    """Route each record to worker ``routes_for(stable_hash([key(record)]), peers)`` (see
-    ``tokenflow.dataflow.routing``: the same worker on every runtime and in every process).
+    """Route each record to the owner of its key's bin in the job's ``RoutingTable``
+    (``bin = top log2(S) bits of stable_hash(key)``; see ``tokenflow.dataflow.routing`` and
+    ``tokenflow.state.bins``: the same bin on every runtime, in every process and at every
+    worker count).
 
     Args:
         key: ``record -> key`` for list batches (ints and strings hash stably across
@@ -142,7 +150,7 @@ class Exchange:
 
     def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
         pushers, puller = host.allocate(identifier, path)
-        return ExchangePusher(pushers, self.key, self.column), puller
+        return ExchangePusher(pushers, self.key, self.column, host.routing), puller
 
 
 class BroadcastPusher:

@@ -10,8 +10,11 @@ for list and Arrow batches alike, so a key meets itself whichever stream it trav
   (``hash_strings``);
 * anything else: the string hash of ``str(key)``;
 
-and a hash goes to worker ``(hash >> 32) * peers >> 32`` (``routes_for``): its high 32 bits
-scaled to ``[0, peers)``, the bits the final multiplications mix best.  Strings are hashed with
+and the job's exchanges send a hash to the owner of its bin in the job's ``RoutingTable``
+(``tokenflow.state.bins``: the bin is the hash's top ``log2(S)`` bits), so keyed state can
+move between workers bin by bin.  Without a table a hash goes to worker
+``(hash >> 32) * peers >> 32`` (``routes_for``): its high 32 bits scaled to ``[0, peers)``,
+the bits the final multiplications mix best.  Strings are hashed with
 numpy over the Arrow buffers in a fixed number of vector operations per batch (a prefix sum over
 all the bytes), whatever the strings' lengths: on the ``thread`` runtime every numpy call on
 more than a few hundred elements, every fancy index and most pyarrow calls hand the GIL to
@@ -29,6 +32,8 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
+from tokenflow.state.bins import RoutingTable
 
 POLY_BASE = 0x9E3779B97F4A7C15
 """The odd base ``B`` of the string polynomial (invertible modulo 2**64)."""
@@ -204,6 +209,24 @@ def routes_for(hashes: np.ndarray, peers: int) -> np.ndarray:
     return high.view(np.int64)
 
 
+Target = int | RoutingTable
+"""Where hashes route to: a worker count (``routes_for``) or a ``RoutingTable`` (hash -> bin ->
+owner, the job's exchanges)."""
+
+
+def route_hashes(hashes: np.ndarray, target: Target) -> np.ndarray:
+    """Worker index per uint64 hash (int64): ``routes_for(hashes, target)`` for a worker
+    count, ``target.routes(hashes)`` (the owner of the hash's bin) for a routing table."""
+    if isinstance(target, RoutingTable):
+        return target.routes(hashes)
+    return routes_for(hashes, target)
+
+
+def _null_route(target: Target) -> int:
+    """Where a null key goes: the route of hash 0 (worker 0, or the owner of bin 0)."""
+    return target.owner(0) if isinstance(target, RoutingTable) else 0
+
+
 def _string_like(dtype: pa.DataType) -> bool:
     return bool(
         pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
@@ -211,9 +234,10 @@ def _string_like(dtype: pa.DataType) -> bool:
     )
 
 
-def column_routes(column: pa.Array | pa.ChunkedArray, peers: int,
+def column_routes(column: pa.Array | pa.ChunkedArray, peers: Target,
                   cache: dict[Any, int] | None = None) -> np.ndarray:
-    """Worker index per row of an Arrow column, vectorized (nulls route to worker 0).
+    """Worker index per row of an Arrow column, vectorized (nulls route as hash 0: to worker 0,
+    or to the owner of bin 0 when ``peers`` is a ``RoutingTable``).
 
     String and binary columns are hashed with ``hash_strings`` (small columns look their
     values up in ``cache``, a value → worker map the caller keeps across batches); integer
@@ -229,36 +253,38 @@ def column_routes(column: pa.Array | pa.ChunkedArray, peers: int,
             if None in known:
                 missing = [i for i, r in enumerate(known) if r is None and values[i] is not None]
                 if missing:
-                    fresh = routes_for(hash_strings(column.take(pa.array(missing))), peers)
+                    fresh = route_hashes(hash_strings(column.take(pa.array(missing))), peers)
                     if len(cache) > 1 << 20:
                         cache.clear()
                     for i, r in zip(missing, fresh.tolist(), strict=True):
                         cache[values[i]] = known[i] = r
-                known = [0 if r is None else r for r in known]
+                null = _null_route(peers)
+                known = [null if r is None else r for r in known]
             return np.array(known, dtype=np.int64)
-        routes = routes_for(hash_strings(column), peers)
+        routes = route_hashes(hash_strings(column), peers)
     elif pa.types.is_integer(kind) or pa.types.is_boolean(kind):
         ints = column.fill_null(0) if column.null_count else column
         values = ints.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        routes = routes_for(hash_ints(values), peers)
+        routes = route_hashes(hash_ints(values), peers)
     else:
-        routes = routes_for(hash_strings(column.cast(pa.string())), peers)
+        routes = route_hashes(hash_strings(column.cast(pa.string())), peers)
     if column.null_count:
-        routes = np.where(np.asarray(column.is_null()), 0, routes)
+        routes = np.where(np.asarray(column.is_null()), _null_route(peers), routes)
     return routes
 
 
 class KeyRouter:
     """Stable routing of list-batch records by ``key(record)``, memoized per distinct key.
 
-    ``key=None`` routes by the record itself.
+    ``key=None`` routes by the record itself; ``peers`` is a worker count or the job's
+    ``RoutingTable`` (then a key goes to the owner of its bin).
     Hashing runs vectorized over the keys not seen before; known keys cost one dict lookup.
     The memo is cleared when it holds ``capacity`` keys.
     """
 
     __slots__ = ("key", "peers", "capacity", "_cache")
 
-    def __init__(self, key: Callable[[Any], Any] | None, peers: int,
+    def __init__(self, key: Callable[[Any], Any] | None, peers: Target,
                  capacity: int = 1 << 20) -> None:
         self.key = key
         self.peers = peers
@@ -277,7 +303,7 @@ class KeyRouter:
         if len(cache) + len(missing) > self.capacity:
             cache.clear()
             missing = list(dict.fromkeys(keys))
-        for k, r in zip(missing, routes_for(stable_hash(missing), self.peers).tolist(), strict=True):
+        for k, r in zip(missing, route_hashes(stable_hash(missing), self.peers).tolist(), strict=True):
             cache[k] = r
         return list(map(cache.__getitem__, keys))
 
@@ -343,9 +369,11 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
 
 def partition_batch(
     batch: Any, peers: int, key: Callable[[Any], Any] | None, column: str | None,
-    router: KeyRouter | None = None,
+    router: KeyRouter | None = None, table: RoutingTable | None = None,
 ) -> Iterator[tuple[int, Any]]:
-    """Split ``batch`` into ``(worker, part)`` pairs, skipping empty parts.
+    """Split ``batch`` into ``(worker, part)`` pairs for ``peers`` workers, skipping empty
+    parts; routes through ``table`` (key -> bin -> owner) when given, else by
+    ``routes_for``.  A ``router`` keeps its own target (the table it was made with).
 
     Raises:
         KeyError: when ``column`` is not a column of the Arrow batch.
@@ -358,15 +386,17 @@ def partition_batch(
             if column not in batch.schema.names:
                 raise KeyError(f"exchange column {column!r} not in batch columns "
                                f"{batch.schema.names}")
-            routes = column_routes(batch.column(column), peers,
+            target: Target = table if table is not None else peers
+            routes = column_routes(batch.column(column), target,
                                    router._cache if router is not None else None)
         else:
             rows = batch.to_pylist()
-            routes = routes_for(stable_hash(rows if key is None else [key(r) for r in rows]), peers)
+            routes = route_hashes(stable_hash(rows if key is None else [key(r) for r in rows]),
+                                  table if table is not None else peers)
         yield from partition_arrow(batch, routes, peers)
         return
     if not isinstance(batch, list):
         raise TypeError(f"batches are lists or Arrow record batches, got {type(batch).__name__}")
     if router is None:
-        router = KeyRouter(key, peers)
+        router = KeyRouter(key, table if table is not None else peers)
     yield from partition_list(batch, router.routes(batch), peers)

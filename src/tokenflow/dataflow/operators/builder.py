@@ -23,7 +23,7 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import pyarrow as pa
 
@@ -39,6 +39,8 @@ from tokenflow.progress.shared_progress import SharedProgress
 if TYPE_CHECKING:
     from tokenflow.dataflow.scope import Scope
     from tokenflow.dataflow.stream import Stream
+
+B = TypeVar("B")
 
 BATCH_SIZE = 1024
 """Records a ``Session`` buffers before pushing them as one batch."""
@@ -59,10 +61,11 @@ class OperatorInput:
     """
 
     __slots__ = ("_puller", "consumed", "frontier", "_internals", "_summaries", "_op", "_refs",
-                 "port")
+                 "port", "_traffic")
 
-    def __init__(self, op: OperatorCore, port: int, puller: Pull) -> None:
+    def __init__(self, op: OperatorCore, port: int, puller: Pull, traffic: Any = None) -> None:
         self._puller = puller
+        self._traffic = traffic
         self.consumed: ChangeBatch[Any] = ChangeBatch()
         self.frontier = MutableAntichain()
         self._internals = op.internal
@@ -82,7 +85,10 @@ class OperatorInput:
                 f"operator {self._op.name!r} input {self.port}: message at time {time!r} "
                 f"arrived after the frontier {self.frontier.frontier()!r} passed it"
             )
-        self.consumed.update(time, len(batch))
+        n = len(batch)
+        self.consumed.update(time, n)
+        if self._traffic is not None:
+            self._traffic.received += n
         ref = CapabilityRef(time, self._internals, self._summaries, self._op.name, self._op.wake)
         self._refs.append(ref)
         return ref, batch
@@ -272,6 +278,22 @@ class OperatorOutput:
             self._push(self._buffer_time, batch)
 
 
+class CountingPush:
+    """Counts the records a channel will deliver (``len(batch) * weight``: an exchange delivers
+    each record once, a broadcast once per worker) into the worker's ``Traffic.sent``."""
+
+    __slots__ = ("_pusher", "_traffic", "_weight")
+
+    def __init__(self, pusher: Any, traffic: Any, weight: int) -> None:
+        self._pusher = pusher
+        self._traffic = traffic
+        self._weight = weight
+
+    def push(self, message: Any) -> None:
+        self._traffic.sent += len(message[1]) * self._weight
+        self._pusher.push(message)
+
+
 Logic = Callable[[list[MutableAntichain]], Any]
 
 
@@ -382,8 +404,11 @@ class OperatorBuilder:
         pusher, puller = pact.connect(self.scope.worker, identifier, core.path)
         copies = getattr(pact, "copies", None)
         weight = copies(self.scope.peers) if copies is not None else 1
+        traffic = getattr(self.scope.worker, "traffic", None)
+        if traffic is not None:
+            pusher = CountingPush(pusher, traffic, weight)
         stream.connect_to(Target(self.index, port), pusher, weight)
-        inp = OperatorInput(core, port, puller)
+        inp = OperatorInput(core, port, puller, traffic)
         core.inputs += 1
         core.input_ports.append(inp)
         core.frontiers.append(inp.frontier)
@@ -444,6 +469,23 @@ class OperatorBuilder:
         core.activate = self.scope.worker.activate
         self.scope.add_operator(core, self.index)
         self.scope.worker.activate(core.path)
+
+    def state(self, name: str, state: B) -> B:
+        """Declare ``state`` (a ``BinnedState``) as this operator's state called ``name``.
+
+        The worker can then snapshot it per bin and, when the job is restored from a snapshot,
+        has already loaded the bins it owns into it when this returns (mint the tokens of its
+        ``pending_times()`` in the constructor).  The state's key is stable across runs of the
+        same dataflow: ``<operator path>:<operator name>/<name>``.
+
+        Raises:
+            ValueError: the same name is declared twice for this operator.
+        """
+        key = f"{'.'.join(map(str, self.core.path))}:{self.name}/{name}"
+        register = getattr(self.scope.worker, "register_state", None)
+        if register is not None:
+            register(key, state)
+        return state
 
     def activator(self) -> Callable[[], None]:
         """A function that asks for this operator to be scheduled."""

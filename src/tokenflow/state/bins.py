@@ -1,0 +1,208 @@
+"""Bins and the routing table: ``key -> bin -> worker``.
+
+Source: distributed-DBSP design, "Scaling state" (fixed sharding: S shards assigned to workers
+by an S-sized array, moving about ``1/(W+1)`` of the state when a worker is added, where
+``hash % W`` moves ``W/(W+1)``); Megaphone (Hoffmann et al., VLDB 2019: keys are grouped in bins
+whose owner is given by a routing table that changes at logical times); rescaling timely
+dataflow §3.5.
+
+A key's **bin** is the top ``log2(S)`` bits of its stable 64-bit routing hash
+(``tokenflow.dataflow.routing.stable_hash``), so the bin of a key is the same in every process,
+on every runtime and for every worker count.  A ``RoutingTable`` maps each of the ``S`` bins to
+a worker index; an exchange sends a record to ``table.owners[bin(key)]``.  The first table of
+a job gives every worker a contiguous, even range of bins; ``rebalanced`` derives the table of
+another roster from an existing one moving as few bins as possible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+DEFAULT_BINS = 4096
+"""Bins per job unless configured otherwise (a power of two; Megaphone's 2**12)."""
+MAX_BINS = 1 << 16
+"""Largest supported bin count (bins are stored as ``uint16``)."""
+
+
+def check_bins(bins: int) -> int:
+    """``bins`` if it is a power of two in ``[1, MAX_BINS]``.
+
+    Raises:
+        ValueError: otherwise (naming the value).
+    """
+    if not isinstance(bins, (int, np.integer)) or bins < 1 or bins > MAX_BINS or bins & (bins - 1):
+        raise ValueError(f"the bin count must be a power of two in [1, {MAX_BINS}], got {bins!r}")
+    return int(bins)
+
+
+def bins_of(hashes: np.ndarray, bins: int = DEFAULT_BINS) -> np.ndarray:
+    """Bin per uint64 routing hash, as int64 in ``[0, bins)``: the hash's top ``log2(bins)``
+    bits (the bits the hash finalizers mix best).  ``hashes`` is not changed."""
+    if bins == 1:
+        return np.zeros(len(hashes), dtype=np.int64)
+    return (hashes >> np.uint64(65 - bins.bit_length())).view(np.int64)
+
+
+class RoutingTable:
+    """Owner (worker index) of each of ``bins`` bins.
+
+    Args:
+        owners: worker index per bin (length a power of two).
+        roster: the workers of the job (default: the distinct owners); a worker of the roster
+            may own no bin.
+
+    Raises:
+        ValueError: a bin count that is not a power of two, a negative owner, or an owner
+            missing from ``roster``.
+    """
+
+    __slots__ = ("owners", "roster", "version", "_owners_list")
+
+    def __init__(self, owners: Sequence[int] | np.ndarray, roster: Iterable[int] | None = None,
+                 version: int = 0) -> None:
+        array = np.asarray(owners, dtype=np.int64)
+        check_bins(len(array))
+        if len(array) and int(array.min()) < 0:
+            raise ValueError(f"routing table owners must be worker indices >= 0, got {int(array.min())}")
+        self.owners = array
+        self.owners.setflags(write=False)
+        members = tuple(sorted(set(roster))) if roster is not None else \
+            tuple(sorted(set(array.tolist())))
+        missing = set(array.tolist()) - set(members)
+        if missing:
+            raise ValueError(f"routing table owners {sorted(missing)} are not in the roster {list(members)}")
+        self.roster = members
+        self.version = version
+        self._owners_list: list[int] = array.tolist()
+
+    @property
+    def bins(self) -> int:
+        """Number of bins ``S``."""
+        return len(self.owners)
+
+    @classmethod
+    def even(cls, workers: int, bins: int = DEFAULT_BINS) -> RoutingTable:
+        """Workers ``0..workers-1`` own contiguous, even ranges of bins (the first
+        ``bins % workers`` workers one bin more).
+
+        Raises:
+            ValueError: ``workers < 1`` or a bad bin count.
+        """
+        check_bins(bins)
+        if workers < 1:
+            raise ValueError(f"workers must be >= 1, got {workers}")
+        owners = (np.arange(bins, dtype=np.int64) * workers) // bins
+        return cls(owners, range(workers))
+
+    def route(self, bin_indices: np.ndarray) -> np.ndarray:
+        """Owner per bin index (int64 array)."""
+        return self.owners[bin_indices]
+
+    def routes(self, hashes: np.ndarray) -> np.ndarray:
+        """Owner per uint64 routing hash (int64 array): ``owners[bins_of(hashes)]``."""
+        return self.owners[bins_of(hashes, len(self.owners))]
+
+    def owner(self, bin_index: int) -> int:
+        """Owner of one bin."""
+        return self._owners_list[bin_index]
+
+    def owned_by(self, worker: int) -> np.ndarray:
+        """The bins ``worker`` owns, ascending (int64)."""
+        return np.flatnonzero(self.owners == worker)
+
+    def counts(self) -> dict[int, int]:
+        """Bins per roster member (0 for a member owning none)."""
+        values, counts = np.unique(self.owners, return_counts=True)
+        out = {w: 0 for w in self.roster}
+        out.update(zip(values.tolist(), counts.tolist(), strict=True))
+        return out
+
+    def rebalanced(self, roster: Iterable[int]) -> RoutingTable:
+        """The table for ``roster`` that moves the fewest bins from this one while giving
+        every member ``bins // n`` or ``bins // n + 1`` bins (``n = len(roster)``).
+
+        Members keep their lowest bins up to their new share; the bins of departed members
+        and the excess of the others go, in bin order, to the members below their share
+        (members in ascending order; the first ``bins % n`` members' share is one more).
+        Going from ``W`` to ``W + 1`` even members moves ``bins // (W + 1)`` or one more bin.
+
+        Raises:
+            ValueError: an empty roster or a negative worker index.
+        """
+        members = sorted(set(roster))
+        if not members:
+            raise ValueError("a routing table needs at least one worker")
+        if members[0] < 0:
+            raise ValueError(f"worker indices must be >= 0, got {members[0]}")
+        n, bins = len(members), self.bins
+        share = {w: bins // n + (1 if i < bins % n else 0) for i, w in enumerate(members)}
+        owners = self.owners.copy()
+        kept = dict.fromkeys(members, 0)
+        pool: list[int] = []
+        for b, w in enumerate(self._owners_list):
+            if w in kept and kept[w] < share[w]:
+                kept[w] += 1
+            else:
+                pool.append(b)
+        it = iter(pool)
+        for w in members:
+            for _ in range(share[w] - kept[w]):
+                owners[next(it)] = w
+        return RoutingTable(owners, members, self.version + 1)
+
+    def moved(self, other: RoutingTable) -> np.ndarray:
+        """Bins whose owner differs between this table and ``other`` (same bin count).
+
+        Raises:
+            ValueError: different bin counts.
+        """
+        if other.bins != self.bins:
+            raise ValueError(f"routing tables of {self.bins} and {other.bins} bins")
+        return np.flatnonzero(self.owners != other.owners)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON-ready form: ``{"bins", "roster", "version", "owners"}`` (owners run-length
+        encoded as ``[[owner, count], ...]``)."""
+        runs: list[list[int]] = []
+        for w in self._owners_list:
+            if runs and runs[-1][0] == w:
+                runs[-1][1] += 1
+            else:
+                runs.append([w, 1])
+        return {"bins": self.bins, "roster": list(self.roster), "version": self.version,
+                "owners": runs}
+
+    @classmethod
+    def from_json(cls, data: Any) -> RoutingTable:
+        """The inverse of ``to_json``.
+
+        Raises:
+            ValueError: a malformed document (wrong types, run lengths not summing to
+                ``bins``).
+        """
+        try:
+            bins = int(data["bins"])
+            owners = [int(w) for w, count in data["owners"] for _ in range(int(count))]
+            roster = [int(w) for w in data["roster"]]
+            version = int(data.get("version", 0))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed routing table: {exc}") from exc
+        if len(owners) != bins:
+            raise ValueError(f"malformed routing table: {len(owners)} owners for {bins} bins")
+        return cls(owners, roster, version)
+
+    def __eq__(self, other: object) -> bool:
+        return (isinstance(other, RoutingTable) and self.roster == other.roster
+                and np.array_equal(self.owners, other.owners))
+
+    def __hash__(self) -> int:
+        return hash((self.roster, self.owners.tobytes()))
+
+    def __repr__(self) -> str:
+        return f"RoutingTable(bins={self.bins}, roster={list(self.roster)}, counts={self.counts()})"
+
+
+__all__ = ["DEFAULT_BINS", "MAX_BINS", "RoutingTable", "bins_of", "check_bins"]
