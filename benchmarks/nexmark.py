@@ -1,9 +1,9 @@
 """NEXMark benchmark: events/s per query on Spark ``local[2]`` with 2 workers, and the generator alone.
 
-Source of the anchors and targets: /work/shared/NEXMARK.md (nexmark-flink reference run, events/s
-per core, generator included) and issue 4: q0-q3 and q8 must reach 2x their per-core figure on
-two workers; q4 >= 69,000, q5 >= 44,000, q7 >= 25,000 events/s; the generator >= 500,000 events/s
-per worker.
+Source of the anchors and targets: docs/NEXMARK.md ("Published figures": the nexmark-flink
+reference run, events/s per core, generator included); the project's targets: q0-q3 and q8 must
+reach 2x their per-core figure on two workers; q4 >= 69,000, q5 >= 44,000, q7 >= 25,000 events/s;
+the generator >= 500,000 events/s per worker.
 
 * **Queries.**  Each query runs ``--repeat`` times through ``tokenflow.nexmark.run.run_query``
   (``runtime="spark"``, ``master=local[2]``, 2 workers, ``--events`` events at 10,000 events/s of
@@ -45,12 +45,12 @@ WORKERS = 2
 MASTER = f"local[{WORKERS}]"
 ANCHORS = {"q0": 155_000, "q1": 158_000, "q2": 175_000, "q3": 152_000, "q4": 34_300,
            "q5": 22_100, "q7": 12_300, "q8": 146_000}
-"""nexmark-flink events/s per core, generator included (NEXMARK.md)."""
+"""nexmark-flink events/s per core, generator included (docs/NEXMARK.md, "Published figures")."""
 TARGETS = {"q0": 2 * 155_000, "q1": 2 * 158_000, "q2": 2 * 175_000, "q3": 2 * 152_000, "q4": 69_000,
            "q5": 44_000, "q7": 25_000, "q8": 2 * 146_000}
-"""Issue 4's targets for 2 workers, events/s."""
+"""The project's targets for 2 workers, events/s."""
 GENERATOR_TARGET = 500_000
-"""Generator events/s per worker (issue 4)."""
+"""The project's generator target, events/s per worker."""
 
 
 @dataclass

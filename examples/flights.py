@@ -11,7 +11,7 @@ as the input frontier passes the hour.  The program prints a per-airport summary
 
 Run::
 
-    python examples/flights.py --workers 2 --runtime thread --output /tmp/flights
+    python examples/flights.py --workers 2 --runtime thread --output out/flights
     python examples/flights.py --workers 2 --runtime spark --master local[2]
 """
 

@@ -1,9 +1,10 @@
 """The paper's §5 example: a tumbling windowed average written with explicit timestamp tokens.
 
-Source: timestamp-tokens-paper.md §5 and §5.1 (Figure 5).  The operator receives timestamped
-integer values and reports the average of every window of ``window`` time units at the
-timestamp of the start of the next window (the window's end), and nothing for windows without
-data.  Its state is an ordered map ``window_end -> [Capability, sum, count]``:
+Source: the timestamp-tokens paper (Lattuada, McSherry et al., *Timestamp tokens: a better
+coordination primitive for data-processing systems*, 2022) §5 and §5.1 (Figure 5).  The operator
+receives timestamped integer values and reports the average of every window of ``window`` time
+units at the timestamp of the start of the next window (the window's end), and nothing for
+windows without data.  Its state is an ordered map ``window_end -> [Capability, sum, count]``:
 
 - on the first data of a window it *retains* the message's token and *downgrades* it to the
   window end (it may produce output there, and only there);

@@ -1,6 +1,6 @@
 """tokenflow: timely dataflow for Python, with workers on Apache Spark.
 
-Layers (DESIGN.md): ``order`` → ``progress`` → ``dataflow`` → ``comm`` → ``worker``/``execute``.
+Layers (docs/ARCHITECTURE.md): ``order`` → ``progress`` → ``dataflow`` → ``comm`` → ``worker``/``execute``.
 The common entry points are re-exported here::
 
     from tokenflow import execute

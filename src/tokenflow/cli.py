@@ -28,7 +28,7 @@ time.
 Exit codes: 0 success; 1 a worker (named in the one-line message) or the runtime failed;
 2 bad usage, including a ``MODULE:FUNCTION`` that cannot be loaded.
 
-NEXMark (source: /work/shared/NEXMARK.md; ``tokenflow.nexmark``)::
+NEXMark (source: docs/NEXMARK.md; ``tokenflow.nexmark``)::
 
     tokenflow nexmark generate --events N [--rate R] --output DIR
     tokenflow nexmark query --query qN [--events N] [--rate R] [--workers W] [--runtime R]
@@ -387,7 +387,7 @@ def _summary(out: Console, outcome: dict[str, Any], snapshot: dict[int, dict[str
 # -- nexmark ------------------------------------------------------------------------------------
 
 nexmark_app = typer.Typer(add_completion=False,
-                          help="NEXMark: generate events, run queries (see NEXMARK.md).")
+                          help="NEXMark: generate events, run queries (see docs/NEXMARK.md).")
 app.add_typer(nexmark_app, name="nexmark")
 
 QueryOption = Annotated[str | None, typer.Option("--query", "-q", help="Query name (q0, q1, ...).")]

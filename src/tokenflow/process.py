@@ -1,6 +1,6 @@
 """The ``process`` runtime: W local worker processes joined by the TCP mesh (no Spark).
 
-Source: DESIGN.md ("Execution model").  The driver spawns W processes (``spawn`` start method),
+Source: docs/ARCHITECTURE.md ("Execution model").  The driver spawns W processes (``spawn`` start method),
 collects their listening addresses, sends every worker the address list, and waits for each
 worker's result, watching the processes: a worker that dies (e.g. SIGKILL) fails the job with an
 error naming it, and the remaining workers are terminated.

@@ -1,4 +1,4 @@
-"""Allocators moving data and progress between workers (layer 4 of DESIGN.md).
+"""Allocators moving data and progress between workers (layer 4 of docs/ARCHITECTURE.md).
 
 An allocator gives a worker, per channel identifier, one pusher per peer and its own puller,
 reports which channels received messages (``receive``), and parks an idle worker.

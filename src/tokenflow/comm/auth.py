@@ -1,6 +1,6 @@
 """Mutual HMAC-SHA256 authentication of mesh peers with the per-job secret.
 
-Source: DESIGN.md ("Security": peers authenticate with a per-job secret before any frame is
+Source: docs/ARCHITECTURE.md ("Security": peers authenticate with a per-job secret before any frame is
 read).  Nothing is unpickled before this handshake succeeds; handshake frames are msgpack maps of
 at most ``HANDSHAKE_MAX_FRAME`` bytes.
 

@@ -1,8 +1,8 @@
 """Length-prefixed frames of the intra-job worker mesh.
 
-Source: DESIGN.md ("Data plane", "Security"); the issue "Spark runtime".  A frame is a 16-byte
-header — magic ``b"tF"``, kind (u8), flags (u8), channel (u32), payload length (u64), big-endian —
-followed by the payload.  Data messages ``(time, batch)`` travel as pickle protocol 5 for list
+Source: docs/ARCHITECTURE.md ("Data plane", "Security").  A frame is a 16-byte header — magic
+``b"tF"``, kind (u8), flags (u8), channel (u32), payload length (u64), big-endian — followed by
+the payload.  Data messages ``(time, batch)`` travel as pickle protocol 5 for list
 batches (``KIND_PICKLE``) or as Arrow IPC for ``RecordBatch``es (``KIND_ARROW``: u32 length and
 pickled time, then one IPC stream).  Pickle is only ever read from peers that passed the HMAC
 handshake (``tokenflow.comm.auth``).  Every reader checks the declared length against a limit

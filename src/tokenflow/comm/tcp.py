@@ -1,6 +1,6 @@
 """The TCP mesh: worker processes connected all-to-all, authenticated, framed.
 
-Source: DESIGN.md ("Execution model", "Data plane", "Security"); timely's
+Source: docs/ARCHITECTURE.md ("Execution model", "Data plane", "Security"); timely's
 ``communication/allocator/zero_copy``.  Worker ``i`` connects to every ``j < i`` and accepts
 from every ``j > i``; each connection first passes the HMAC handshake of
 ``tokenflow.comm.auth``.  One receiver thread per peer reads frames (length checked before the

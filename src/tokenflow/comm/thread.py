@@ -1,6 +1,6 @@
 """The ``thread`` allocator: W workers in one process, messages passed by reference.
 
-Source: DESIGN.md ("Execution model": the ``thread`` runtime); timely's
+Source: docs/ARCHITECTURE.md ("Execution model": the ``thread`` runtime); timely's
 ``communication/allocator/thread.rs`` and ``process.rs``.  Every (channel, receiver) pair has a
 FIFO; a push appends to it, records the channel in the receiver's event queue and wakes the
 receiver if it is parked.  ``collections.deque`` appends and pops are atomic under the GIL.

@@ -1,6 +1,7 @@
-"""Dataflows (layer 3 of DESIGN.md): scopes, streams, timestamp tokens, operators.
+"""Dataflows (layer 3 of docs/ARCHITECTURE.md): scopes, streams, timestamp tokens, operators.
 
-Source: timestamp-tokens-paper.md §3–§5.
+Source: the timestamp-tokens paper §3–§5 (Lattuada, McSherry et al., *Timestamp tokens: a better
+coordination primitive for data-processing systems*, 2022).
 """
 
 from tokenflow.dataflow.capability import Capability, CapabilityError, CapabilityRef, CapabilitySet

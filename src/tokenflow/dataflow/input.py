@@ -1,6 +1,6 @@
 """``InputHandle``: feeds a dataflow from worker code, one epoch at a time.
 
-Source: timestamp-tokens-paper.md §4.2 (tokens that notify the system when modified, used
+Source: the timestamp-tokens paper §4.2 (tokens that notify the system when modified, used
 outside operators to control inputs); timely's ``dataflow/operators/input.rs``.
 """
 

@@ -1,6 +1,6 @@
 """``FrontierNotificator``: Naiad-style notifications as a library idiom on tokens.
 
-Source: timestamp-tokens-paper.md §4 ("We have implemented Naiad notifications in library
+Source: the timestamp-tokens paper §4 ("We have implemented Naiad notifications in library
 operator logic"); timely's ``dataflow/operators/generic/notificator.rs``.  The notificator
 holds a token per requested time and hands it back, in time order, once no input frontier is
 ≤ that time (no more data at or before it can arrive).

@@ -1,8 +1,8 @@
 """``Scope``: where a dataflow's operators are declared (the root scope or an iteration scope).
 
-Source: progress-tracking-notes.md ("Subgraph"); timely's ``dataflow/scopes``.  A scope wraps the
-``SubgraphBuilder`` that will become a ``Subgraph`` and knows its worker, its timestamp shape
-(``min_time``) and the identity path summary of that shape.
+Source: notes on timely-dataflow's ``progress/`` ("Subgraph"); timely's ``dataflow/scopes``.  A
+scope wraps the ``SubgraphBuilder`` that will become a ``Subgraph`` and knows its worker, its
+timestamp shape (``min_time``) and the identity path summary of that shape.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """NEXMark: a Beam-compatible, vectorized event generator and a dataflow source for it.
 
-Source: /work/shared/NEXMARK.md.  ``generate(first_n, count, config)`` returns the person,
+Source: docs/NEXMARK.md.  ``generate(first_n, count, config)`` returns the person,
 auction and bid events of event numbers ``[first_n, first_n + count)`` as Arrow record batches,
 equal field for field to Apache Beam's NEXMark generator (one ``java.util.Random(eventId)`` per
 event); ``nexmark_source(scope, events, config)`` emits them into a dataflow, timestamped by

@@ -1,6 +1,6 @@
 """Read NEXMark events from Parquet: the datasets ``tokenflow nexmark generate`` writes.
 
-Source: /work/shared/NEXMARK.md (field names); ``tokenflow.nexmark.generator.SCHEMAS``.
+Source: docs/NEXMARK.md (field names); ``tokenflow.nexmark.generator.SCHEMAS``.
 
 ``read_events(directory)`` reads ``directory/person``, ``directory/auction`` and
 ``directory/bid`` (each a Parquet file or a directory of them, as Spark or

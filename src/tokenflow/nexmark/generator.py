@@ -1,6 +1,6 @@
 """A vectorized, Beam-compatible NEXMark event generator, and a dataflow source for it.
 
-Source: /work/shared/NEXMARK.md ("Generator"), which follows Apache Beam's
+Source: docs/NEXMARK.md ("Generator"), which follows Apache Beam's
 ``sdks/java/testing/nexmark/.../sources/generator`` (``GeneratorConfig``, ``Generator`` and
 ``model/{Person,Auction,Bid,Strings,Price,Long}Generator``).  Event number ``n`` (0, 1, ...)
 has ``eventId = first_event_id + n`` and draws every random value from its own
@@ -84,7 +84,7 @@ CHUNK = 65_536
 
 @dataclass(frozen=True)
 class GeneratorConfig:
-    """Generator parameters, with the defaults of NEXMARK.md / Beam's ``NexmarkConfiguration``.
+    """Generator parameters, with the defaults of docs/NEXMARK.md / Beam's ``NexmarkConfiguration``.
 
     Attributes:
         rate: events per second (``firstEventRate = nextEventRate``, one generator).
@@ -153,7 +153,7 @@ def last_base0_person_id(event_id: np.ndarray) -> np.ndarray:
 
 
 def last_base0_auction_id(event_id: np.ndarray) -> np.ndarray:
-    """The last auction id (base 0) created at or before ``event_id`` (NEXMARK.md formula)."""
+    """The last auction id (base 0) created at or before ``event_id`` (docs/NEXMARK.md formula)."""
     epoch, off = np.divmod(event_id, PROPORTION_DENOMINATOR)
     person = off < PERSON_PROPORTION
     epoch = epoch - person

@@ -1,6 +1,6 @@
 """``java.util.Random``, scalar and vectorized over lanes (one generator per lane).
 
-Source: /work/shared/NEXMARK.md ("Random stream") and OpenJDK's ``java/util/Random.java``
+Source: docs/NEXMARK.md ("Random stream") and OpenJDK's ``java/util/Random.java``
 (JDK 17): a 48-bit linear congruential generator
 
 * ``setSeed(s)``:  ``state = (s ^ 0x5DEECE66D) & (2**48 - 1)``

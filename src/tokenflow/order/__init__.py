@@ -1,4 +1,4 @@
-"""Partial orders, timestamps and path summaries (layer 1 of DESIGN.md).
+"""Partial orders, timestamps and path summaries (layer 1 of docs/ARCHITECTURE.md).
 
 Timestamps are plain Python ``int`` (a total order) or :class:`Product` (the product partial
 order, used for iteration scopes).  Python's ``<``/``<=`` on timestamps is a *total* order that

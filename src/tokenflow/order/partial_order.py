@@ -1,6 +1,6 @@
 """The ``PartialOrder`` protocol and the order functions used on every timestamp.
 
-Source: progress-tracking-notes.md ("Concepts"), timely's ``order.rs``.
+Source: notes on timely-dataflow's ``progress/`` ("Concepts"), timely's ``order.rs``.
 """
 
 from __future__ import annotations

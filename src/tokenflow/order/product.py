@@ -1,6 +1,6 @@
 """``Product(outer, inner)``: the timestamp of nested (iteration) scopes.
 
-Source: progress-tracking-notes.md (nested subgraphs); timely's ``order::Product``.
+Source: notes on timely-dataflow's ``progress/`` (nested subgraphs); timely's ``order::Product``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Path summaries: how a timestamp advances along a dataflow path.
 
-Source: progress-tracking-notes.md ("Output Summarizer"); timely's ``PathSummary`` trait.
+Source: notes on timely-dataflow's ``progress/`` ("Output Summarizer"); timely's ``PathSummary``
+trait.
 ``results_in(t)`` returns the least time a message at ``t`` becomes after the path, or ``None``
 when the result would pass the declared bound (the message can never arrive);
 ``followed_by(other)`` composes two paths (``None`` on overflow).  Summaries are themselves

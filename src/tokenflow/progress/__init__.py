@@ -1,6 +1,6 @@
-"""Progress tracking (layer 2 of DESIGN.md): pointstamp counts, frontiers, reachability.
+"""Progress tracking (layer 2 of docs/ARCHITECTURE.md): pointstamp counts, frontiers, reachability.
 
-Source: progress-tracking-notes.md.
+Source: notes on timely-dataflow's progress tracking (``progress/``); Naiad (SOSP 2013).
 """
 
 from tokenflow.progress.antichain import Antichain, MutableAntichain

@@ -1,6 +1,7 @@
 """``Antichain`` and ``MutableAntichain``: frontiers of partially ordered elements.
 
-Source: progress-tracking-notes.md ("Per-Port Information"); timely's ``progress/frontier.rs``.
+Source: notes on timely-dataflow's ``progress/`` ("Per-Port Information"); timely's
+``progress/frontier.rs``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """``Progcaster``: broadcasts a scope's pointstamp changes to every worker.
 
-Source: DESIGN.md ("Execution model"), rescaling-timely-dataflow.md (progress sequence numbers);
-timely's ``progress/broadcast.rs``.  Each batch a worker sends is tagged ``(sender, seq)`` with
-``seq`` counting up from 0 per sender and scope, so a receiver can check it sees every batch of
-every peer exactly once and in order (and a joining worker can later bootstrap from a peer).
-A batch is applied atomically: it is delivered whole into the receiver's ``ChangeBatch``.
+Source: docs/ARCHITECTURE.md ("Execution model"), Selvatici, *Rescaling of Timely Dataflow* (ETH,
+2019: progress sequence numbers); timely's ``progress/broadcast.rs``.  Each batch a worker sends
+is tagged ``(sender, seq)`` with ``seq`` counting up from 0 per sender and scope, so a receiver
+can check it sees every batch of every peer exactly once and in order (and a joining worker can
+later bootstrap from a peer).  A batch is applied atomically: it is delivered whole into the
+receiver's ``ChangeBatch``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """``ChangeBatch``: a collection of ``(key, diff)`` updates, compacted lazily.
 
-Source: timely-dataflow's ``progress/`` notes ("SharedProgress") and
+Source: notes on timely-dataflow's ``progress/`` ("SharedProgress"); timely's
 ``progress/change_batch.rs``.  Updates are appended (O(1)); the batch consolidates (sums diffs
 per key, drops zeros) only when asked for its contents or when it holds more than twice as many
 entries as after the last consolidation, so a hot loop of updates costs a list append each.

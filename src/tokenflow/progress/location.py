@@ -1,6 +1,6 @@
 """Locations in a dataflow scope: an operator's input port (target) or output port (source).
 
-Source: progress-tracking-notes.md ("Per-Port Information"); timely's ``Location``.
+Source: notes on timely-dataflow's ``progress/`` ("Per-Port Information"); timely's ``Location``.
 A *pointstamp* is a ``(Location, time)`` pair.
 """
 

@@ -1,6 +1,7 @@
 """The ``Operate`` protocol: what a scope needs from each child (operator or subgraph).
 
-Source: progress-tracking-notes.md ("Subgraph", "Schedule"); timely's ``progress/operate.rs``.
+Source: notes on timely-dataflow's ``progress/`` ("Subgraph", "Schedule"); timely's
+``progress/operate.rs``.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Reachability: the ``Builder`` of a scope's graph and the ``Tracker`` of its pointstamps.
 
-Source: progress-tracking-notes.md ("Subgraph-Level Reachability Tracker", "Propagate along the
-Subgraph", "is_global()"); timely's ``progress/reachability.rs``.
+Source: notes on timely-dataflow's ``progress/`` ("Subgraph-Level Reachability Tracker",
+"Propagate along the Subgraph", "is_global()"); timely's ``progress/reachability.rs``.
 
 The tracker keeps, for every port, the counts of pointstamps *at* that port (``pointstamps``)
 and the counts of frontier elements of upstream ports that could result in a time there

@@ -1,6 +1,6 @@
 """``SharedProgress``: the progress information an operator shares with its scope.
 
-Source: progress-tracking-notes.md ("SharedProgress", "Frontier Propagation").
+Source: notes on timely-dataflow's ``progress/`` ("SharedProgress", "Frontier Propagation").
 """
 
 from __future__ import annotations

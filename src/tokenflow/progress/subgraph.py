@@ -1,6 +1,6 @@
 """``Subgraph``: a scope of child operators whose progress it tracks.
 
-Source: progress-tracking-notes.md ("Subgraph", "Schedule", "Extract Progress"); timely's
+Source: notes on timely-dataflow's ``progress/`` ("Subgraph", "Schedule", "Extract Progress"); timely's
 ``progress/subgraph.rs``.  Child 0 stands for the world outside the scope: its outputs are the
 scope's inputs and its inputs are the scope's outputs.  A subgraph is itself an operator of its
 parent scope (``Operate``): it turns the parent's frontier into pointstamps at child 0's outputs

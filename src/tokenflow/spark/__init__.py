@@ -1,4 +1,4 @@
-"""The Spark runtime and Spark data in and out (layer 6 of DESIGN.md).
+"""The Spark runtime and Spark data in and out (layer 6 of docs/ARCHITECTURE.md).
 
 ``execute(fn, workers=W, runtime="spark", master="local[W]")`` runs the workers as a PySpark
 barrier stage; ``from_dataframe`` / ``to_parquet`` / ``collect`` connect dataflows to Spark data.

@@ -1,6 +1,6 @@
 """The ``spark`` runtime: workers as one PySpark barrier stage.
 
-Source: DESIGN.md ("Execution model": the driver starts a SparkSession and launches the W workers
+Source: docs/ARCHITECTURE.md ("Execution model": the driver starts a SparkSession and launches the W workers
 as one barrier stage; each task opens a listening socket, exchanges addresses with
 ``BarrierTaskContext.allGather``, authenticates its peers and forms the TCP mesh, builds the
 dataflow and runs it).  The stage runs over the job's input DataFrames (if any), so worker ``i``

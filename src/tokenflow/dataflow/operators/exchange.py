@@ -1,6 +1,6 @@
 """``exchange`` and ``broadcast``: move records between workers without changing them.
 
-Source: timely's ``dataflow/operators/{exchange,broadcast}.rs``; DESIGN.md ("Data plane").
+Source: timely's ``dataflow/operators/{exchange,broadcast}.rs``; docs/ARCHITECTURE.md ("Data plane").
 """
 
 from __future__ import annotations

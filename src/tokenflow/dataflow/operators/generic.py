@@ -1,7 +1,8 @@
 """Generic operators: ``source``, ``unary``, ``unary_frontier``, ``unary_notify``, ``binary``,
 ``binary_frontier``, ``sink``.
 
-Source: timestamp-tokens-paper.md §3–§5; timely's ``dataflow/operators/generic/operator.rs``.
+Source: the timestamp-tokens paper §3–§5 (Lattuada, McSherry et al., 2022); timely's
+``dataflow/operators/generic/operator.rs``.
 Each takes a *constructor* called once with the operator's initial token(s) and an
 ``OperatorInfo``, returning the *logic* called at every scheduling.
 """

@@ -1,6 +1,6 @@
 """Iteration: ``enter`` / ``leave`` a nested scope and ``feedback`` / ``connect_loop`` edges.
 
-Source: progress-tracking-notes.md ("Subgraph": child 0 bridges to the parent); timely's
+Source: notes on timely-dataflow's ``progress/`` ("Subgraph": child 0 bridges to the parent); timely's
 ``dataflow/operators/{enterleave,feedback}.rs``.  Records entering get time
 ``Product(t, 0)``; a feedback edge advances the iteration coordinate by its summary; leaving
 drops it (``Product(t, i) -> t``).

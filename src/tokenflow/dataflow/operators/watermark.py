@@ -1,6 +1,6 @@
 """Flink-style in-band watermarks as a library idiom on timestamp tokens.
 
-Source: timestamp-tokens-paper.md §4 ("We can also implement Flink-style watermarks, with
+Source: the timestamp-tokens paper §4 ("We can also implement Flink-style watermarks, with
 operators that explicitly hold timestamp tokens for their output watermarks and downgrade them
 whenever these watermarks advance"), §2.1 (Flink: watermarks "interleaved in the stream of data
 itself, and each operator is required to produce them in their output streams as well") and §7
@@ -208,7 +208,7 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
     Returns:
         The data of ``stream`` with ``Watermark`` records interleaved.
 
-    Source: timestamp-tokens-paper.md §4 (a token held for the output watermark).
+    Source: the timestamp-tokens paper §4 (a token held for the output watermark).
     """
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
@@ -322,7 +322,7 @@ def tumbling_watermark(
         LateDataError: at run time when data arrives for an already closed window (upstream
             broke its watermark promise).
 
-    Source: timestamp-tokens-paper.md §4 and §7 (Flink-style watermarks on the same runtime).
+    Source: the timestamp-tokens paper §4 and §7 (Flink-style watermarks on the same runtime).
     """
     check_window_sizes(size, size, name)
 

@@ -1,6 +1,7 @@
 """Event-time windows built on timestamp tokens: ``tumbling`` and ``sliding``.
 
-Source: timestamp-tokens-paper.md §5 (the tumbling windowed average: "the operator maintains
+Source: the timestamp-tokens paper §5 (Lattuada, McSherry et al., 2022; the tumbling windowed
+average: "the operator maintains
 the current average for open windows … and a timestamp token to produce the output at the
 timestamp of the next open window"; "the operator can use ordered data structures to
 efficiently retire multiple windows at once, should the frontier advance suddenly").
@@ -161,7 +162,7 @@ def tumbling(stream: Stream, size: int, reduce: Reduce, name: str = "Tumbling") 
         TypeError: when ``size`` is not an int; at run time when a message time is not an int
             or ``reduce`` returns None.
 
-    Source: timestamp-tokens-paper.md §5 (tumbling windowed average).
+    Source: the timestamp-tokens paper §5 (tumbling windowed average).
     """
     check_window_sizes(size, size, name)
     return _windowed(stream, size, size, reduce, name)
@@ -193,6 +194,6 @@ def sliding(
         TypeError: when ``size`` or ``slide`` is not an int; at run time when a message time
             is not an int or ``reduce`` returns None.
 
-    Source: timestamp-tokens-paper.md §5 and §6.3 (windows with a continuous slide).
+    Source: the timestamp-tokens paper §5 and §6.3 (windows with a continuous slide).
     """
     return _windowed(stream, size, slide, reduce, name)

@@ -1,6 +1,6 @@
 """NEXMark queries as tokenflow dataflows, each with a Spark SQL twin for validation.
 
-Source: /work/shared/NEXMARK.md ("Queries").  The registry lists the implemented queries;
+Source: docs/NEXMARK.md ("Queries").  The registry lists the implemented queries;
 ``load(name)`` imports ``tokenflow.nexmark.queries.<name>`` on first use.
 
 Module interface (every ``qN.py``):

@@ -1,9 +1,9 @@
 """Shared pieces of the windowed NEXMark queries (Q5, Q7): frontier bounds, Arrow helpers and
 the "rows with the window's maximum" operator.
 
-Source: timestamp-tokens-paper.md §5 (one token per open window, retired in order of window end
+Source: the timestamp-tokens paper §5 (one token per open window, retired in order of window end
 once the input frontier passes it) and §7.4 (Q7: a local then a global maximum, two stateful
-operators); NEXMARK.md ("Queries": Q5, Q7).
+operators); docs/NEXMARK.md ("Queries": Q5, Q7).
 
 Units: times and window bounds are ms since the Unix epoch (the logical times of
 ``nexmark_source``); prices are cents.  All times are ``int`` (no iterative scopes).

@@ -1,8 +1,8 @@
 """NEXMark Q4, average closing price per category (running average, as Megaphone does).
 
-Source: NEXMARK.md ("Q4 average closing price per category: an auction closes at ``expires``;
+Source: docs/NEXMARK.md ("Q4 average closing price per category: an auction closes at ``expires``;
 its winning bid is the highest bid with ``price >= reserve`` and ``auction.dateTime <=
-bid.dateTime < expires``"); timestamp-tokens-paper.md §6.3 (Megaphone's Q4: a data-dependent
+bid.dateTime < expires``"); the timestamp-tokens paper §6.3 (Megaphone's Q4: a data-dependent
 closing time per auction, scheduled with held tokens) and §7.4 ("Q4 has a two-stage dataflow
 where one of the operators handles tokens to calculate a data-dependent windowed maximum").
 
