@@ -1,0 +1,932 @@
+"""Replayable sources: input divided into splits with positions, per-epoch position ranges,
+pausing at an epoch boundary, and restarting from recorded positions at any worker count.
+
+Sources: distributed-DBSP design, "Input" (every input has a position; the division of input
+into steps is durable and recorded), "Input/output synchronization" (a snapshot at step ``e``
+holds all the input before ``e`` and none after it) and "Scaling input" (Kafka-like partitions
+assigned to workers, so that a restart at another worker count re-assigns them); DESIGN.md,
+"Sources, sinks and the control plane"; Kafka's partition offsets and Spark Structured
+Streaming's source offsets (a source is replayable when it can re-read from a recorded offset).
+
+Model:
+
+* A source's input is a set of **splits**: units of input read in order, independent of the
+  worker count (one Parquet file, one slice of the NEXMark event stream, one hash partition of
+  an Arrow table, one file of a directory).  Each has a stable string ``key``.  The **position**
+  of a split is the integer offset of its next unread row; a source's position is the map
+  ``key -> offset``.
+* Splits are assigned to workers by ``assign_splits`` (sorted keys, split ``k`` to worker
+  ``k % peers``): a pure function of the keys and the worker count, so a job restarted at
+  another worker count re-assigns the same splits from the union of the recorded positions.
+* A split's rows are sorted by its event-time column (lateness 0; checked, see ``InputError``).
+  The source merges its splits in event-time order: the **logical time** of a row is
+  ``time - time % granularity``; the source's token is held at the least logical time any of
+  its splits may still produce; the rows of one logical time read in one round are sent as one
+  message per output (a time whose rows straddle a read boundary may arrive in two).
+* Per logical time ``t`` the source records, per split, the offset range ``[first, end)`` it
+  read at ``t`` (``SourceHandle.epochs``, or ``on_epoch(t, ranges)`` once ``t`` is complete on
+  this worker): the durable division of the input into steps.
+* ``SourceHandle.pause_at(e)`` makes the source emit everything before ``e`` and nothing at or
+  after ``e``, then hold its token and stay idle until ``resume()``; ``positions()`` then gives
+  each split's first offset at a time ``>= e``, so a job started with those positions and
+  ``start=e`` continues exactly where this one paused.
+
+Per-batch work is vectorized (numpy / Arrow per read chunk); Python loops run per split, per
+logical time and per read round, never per row.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tokenflow.dataflow.operators.builder import OperatorBuilder
+from tokenflow.dataflow.routing import column_routes
+from tokenflow.nexmark.generator import KINDS, GeneratorConfig, event_kinds, generate
+from tokenflow.spark.io import InputError, event_times
+
+DEFAULT_HISTORY = 4096
+"""Logical times whose offset ranges a ``SourceHandle`` keeps in ``epochs``."""
+
+OnEpoch = Callable[[int, dict[str, tuple[int, int]]], None]
+"""``on_epoch(t, ranges)``: logical time ``t`` is complete on this worker; ``ranges`` maps
+split key to the offsets ``[first, end)`` read at ``t``."""
+
+
+# -- splits ----------------------------------------------------------------------------------
+
+
+def assign_splits(keys: Sequence[str], peers: int) -> list[list[str]]:
+    """The split keys of each of ``peers`` workers: sorted keys, the ``k``-th to worker
+    ``k % peers`` (each worker's list in key order).
+
+    A pure function of the key set and ``peers``: every worker computes the same assignment,
+    and a restart at another worker count only re-deals the same keys.
+
+    Raises:
+        ValueError: ``peers < 1`` or a repeated key (naming it).
+    """
+    if peers < 1:
+        raise ValueError(f"peers must be >= 1, got {peers}")
+    ordered = sorted(keys)
+    for a, b in zip(ordered, ordered[1:], strict=False):
+        if a == b:
+            raise ValueError(f"split key {a!r} appears more than once")
+    return [ordered[w::peers] for w in range(peers)]
+
+
+class Split(ABC):
+    """One unit of a source's input, read in order by offset.
+
+    Attributes:
+        key: a stable name, the same in every run and for every worker count (it names the
+            split in positions and epochs).
+    """
+
+    key: str
+
+    @abstractmethod
+    def read(self, offset: int, max_rows: int) -> pa.RecordBatch | None:
+        """Rows ``[offset, offset + n)`` of the split, ``1 <= n <= max_rows``, or None at the
+        end (an empty batch also counts as the end)."""
+
+    @property
+    def rows(self) -> int | None:
+        """Number of rows, when known without reading (None otherwise)."""
+        return None
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.key!r})"
+
+
+@dataclass(frozen=True)
+class Parts:
+    """A chunk of a ``MultiSplit``: ``n`` positions and the rows they produce on each output.
+
+    Attributes:
+        times: event time per position (int64, shape ``(n,)``, non-decreasing).
+        batches: output name -> ``(rows, index)``; ``index`` (int64, ascending, values in
+            ``[0, n)``) is the position of each row within the chunk, or None when the rows
+            are the positions one for one.
+    """
+
+    times: np.ndarray
+    batches: Mapping[str, tuple[pa.RecordBatch, np.ndarray | None]]
+
+
+class MultiSplit(Split):
+    """A split whose positions produce rows on several outputs at once (e.g. one NEXMark event
+    is a person, an auction or a bid); ``read_parts`` is what the source reads.
+
+    Attributes:
+        outputs: the output names, in the order of the source's streams.
+    """
+
+    outputs: tuple[str, ...]
+
+    @abstractmethod
+    def read_parts(self, offset: int, max_rows: int) -> Parts | None:
+        """Positions ``[offset, offset + n)``, ``1 <= n <= max_rows``, or None at the end."""
+
+
+def _as_batch(data: pa.RecordBatch | pa.Table, schema: pa.Schema | None = None) -> pa.RecordBatch:
+    """One RecordBatch holding the rows of ``data`` (copies only when it has several chunks)."""
+    if isinstance(data, pa.RecordBatch):
+        return data
+    if data.num_rows == 0:
+        return pa.RecordBatch.from_pylist([], schema=schema or data.schema)
+    batches = data.combine_chunks().to_batches()
+    if len(batches) == 1:
+        return batches[0]
+    return pa.concat_batches(batches)
+
+
+class TableSplit(Split):
+    """A split over an in-memory Arrow table or batch (read by zero-copy slicing)."""
+
+    def __init__(self, key: str, data: pa.Table | pa.RecordBatch) -> None:
+        self.key = key
+        self._batch = _as_batch(data)
+
+    @property
+    def rows(self) -> int:
+        return self._batch.num_rows
+
+    @property
+    def data(self) -> pa.RecordBatch:
+        """All the split's rows."""
+        return self._batch
+
+    def read(self, offset: int, max_rows: int) -> pa.RecordBatch | None:
+        if offset >= self._batch.num_rows:
+            return None
+        return self._batch.slice(offset, max_rows)
+
+
+def table_splits(table: pa.Table | pa.RecordBatch, splits: int = 16, key: str | None = None, *,
+                 time: str | None = None, name: str = "table") -> list[TableSplit]:
+    """``table`` divided into ``splits`` parts, independently of the worker count.
+
+    Row ``i`` goes to part ``routes_for(stable_hash(row's key), splits)`` when ``key`` names a
+    column (``tokenflow.dataflow.routing.column_routes``: the job-wide stable hash, so equal
+    keys share a part in every process and run; null keys go to part 0), otherwise to part
+    ``i % splits``.  With ``time``, each part is sorted by that column (stable, vectorized:
+    one ``np.lexsort`` of (part, time) and one ``take`` for the whole table).  Keys are
+    ``"<name>/<k>-of-<splits>"`` (zero-padded), so positions recorded with another split count
+    are rejected rather than misread.
+
+    Raises:
+        ValueError: ``splits < 1``.
+        KeyError: a ``key`` column the table lacks.
+        InputError: a bad time column (see ``tokenflow.spark.io.event_times``).
+    """
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    n = table.num_rows
+    if key is not None:
+        if key not in table.schema.names:
+            raise KeyError(f"table_splits: no key column {key!r} (columns: {table.schema.names})")
+        part = column_routes(table.column(key), splits)
+    else:
+        part = np.arange(n, dtype=np.int64) % splits
+    if time is not None:
+        times = event_times(table, time, name, 0)
+        order = np.lexsort((times, part))
+    else:
+        order = np.argsort(part, kind="stable")
+    ordered = _as_batch(table.take(pa.array(order, type=pa.int64())), table.schema)
+    counts = np.bincount(part, minlength=splits)
+    starts = np.concatenate(([0], np.cumsum(counts)))
+    width = len(str(splits - 1))
+    return [TableSplit(f"{name}/{k:0{width}d}-of-{splits}",
+                       ordered.slice(int(starts[k]), int(counts[k])))
+            for k in range(splits)]
+
+
+class ParquetSplit(Split):
+    """One Parquet file, read one row group at a time.
+
+    ``read(offset, ...)`` finds the row group holding ``offset`` from the file's metadata and
+    reads only that group (groups before it are never read); the group last read is kept, so
+    consecutive reads smaller than a group read it once.  The file is opened on first use
+    (the split pickles without an open file).
+    """
+
+    def __init__(self, key: str, path: str) -> None:
+        self.key = key
+        self.path = path
+        self._file: pq.ParquetFile | None = None
+        self._ends: np.ndarray | None = None
+        self._cached: tuple[int, pa.RecordBatch] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"key": self.key, "path": self.path}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["key"], state["path"])  # type: ignore[misc]
+
+    def _open(self) -> tuple[pq.ParquetFile, np.ndarray]:
+        if self._file is None or self._ends is None:
+            self._file = pq.ParquetFile(self.path)
+            meta = self._file.metadata
+            counts = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            self._ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+        return self._file, self._ends
+
+    @property
+    def rows(self) -> int:
+        _, ends = self._open()
+        return int(ends[-1]) if len(ends) else 0
+
+    def read(self, offset: int, max_rows: int) -> pa.RecordBatch | None:
+        file, ends = self._open()
+        if not len(ends) or offset >= int(ends[-1]):
+            self._cached = None
+            return None
+        group = int(np.searchsorted(ends, offset, side="right"))  # first group ending after offset
+        if self._cached is None or self._cached[0] != group:
+            self._cached = (group, _as_batch(file.read_row_group(group), file.schema_arrow))
+        batch = self._cached[1]
+        first = int(ends[group]) - batch.num_rows
+        return batch.slice(offset - first, max_rows)
+
+
+def parquet_splits(path: str) -> list[ParquetSplit]:
+    """One split per Parquet file: ``path`` itself, or the files under directory ``path``
+    (recursively, ending in ``.parquet``, skipping names that start with ``.`` or ``_`` as Spark
+    and Arrow datasets do).  Keys are the files' paths relative to ``path`` (``/``-separated;
+    the file name for a single file), in sorted order.
+
+    Raises:
+        FileNotFoundError: ``path`` does not exist.
+    """
+    if os.path.isfile(path):
+        return [ParquetSplit(os.path.basename(path), path)]
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"parquet_splits: no file or directory {path!r}")
+    found: list[tuple[str, str]] = []
+    for root, dirs, files in os.walk(path):
+        dirs[:] = sorted(d for d in dirs if not d.startswith((".", "_")))
+        for f in files:
+            if f.endswith(".parquet") and not f.startswith((".", "_")):
+                full = os.path.join(root, f)
+                found.append((os.path.relpath(full, path).replace(os.sep, "/"), full))
+    return [ParquetSplit(k, p) for k, p in sorted(found)]
+
+
+class NexmarkSplit(MultiSplit):
+    """Split ``index`` of ``splits`` of the NEXMark events ``[0, events)``.
+
+    Event numbers are cut into blocks of ``block`` consecutive numbers; this split reads blocks
+    ``index, index + splits, index + 2 * splits, ...`` in order, so its event times are
+    non-decreasing.  Its offset ``j`` is the ``j``-th event of those blocks: event number
+    ``(index + (j // block) * splits) * block + j % block``.
+
+    One read generates each event once: ``read_parts`` calls
+    ``generate(first, count, config)`` for a run of consecutive event numbers within one block
+    and returns all three kinds (outputs ``person``, ``auction``, ``bid``) with each row's
+    position, so the three streams of ``nexmark_streams`` come from a single generation (rather
+    than three sources each generating everything and keeping one kind).  ``read`` gives the
+    positions alone, without generating the events: columns ``event`` (event number),
+    ``kind`` (0 person, 1 auction, 2 bid) and ``dateTime`` (ms).
+    """
+
+    outputs = KINDS
+
+    def __init__(self, index: int, splits: int, events: int, block: int,
+                 config: GeneratorConfig | None = None) -> None:
+        if not 0 <= index < splits:
+            raise ValueError(f"split index {index} not in [0, {splits})")
+        if block < 1 or events < 0:
+            raise ValueError(f"block must be >= 1 and events >= 0, got {block}, {events}")
+        self.index, self.splits, self.events, self.block = index, splits, events, block
+        self.config = config or GeneratorConfig()
+        width = len(str(splits - 1))
+        self.key = f"nexmark-b{block}/{index:0{width}d}-of-{splits}"
+
+    @property
+    def rows(self) -> int:
+        blocks = -(-self.events // self.block)  # ceil
+        mine = max(0, -(-(blocks - self.index) // self.splits))
+        if not mine:
+            return 0
+        last = (self.index + (mine - 1) * self.splits) * self.block
+        return (mine - 1) * self.block + min(self.block, self.events - last)
+
+    def _run(self, offset: int, max_rows: int) -> tuple[int, int] | None:
+        """``(first event number, count)`` of the read at ``offset``, or None at the end."""
+        q, r = divmod(offset, self.block)
+        first = (self.index + q * self.splits) * self.block + r
+        count = min(max_rows, self.block - r, self.events - first)
+        if count <= 0:
+            return None
+        return first, count
+
+    def read(self, offset: int, max_rows: int) -> pa.RecordBatch | None:
+        run = self._run(offset, max_rows)
+        if run is None:
+            return None
+        n = np.arange(run[0], run[0] + run[1], dtype=np.int64)
+        return pa.RecordBatch.from_arrays(
+            [pa.array(n), pa.array(event_kinds(n, self.config)),
+             pa.array(np.asarray(self.config.timestamp(n), dtype=np.int64))],
+            names=["event", "kind", "dateTime"])
+
+    def read_parts(self, offset: int, max_rows: int) -> Parts | None:
+        run = self._run(offset, max_rows)
+        if run is None:
+            return None
+        first, count = run
+        n = np.arange(first, first + count, dtype=np.int64)
+        kinds = event_kinds(n, self.config)
+        data = generate(first, count, self.config)
+        batches = {kind: (data[kind], np.flatnonzero(kinds == i)) for i, kind in enumerate(KINDS)}
+        return Parts(np.asarray(self.config.timestamp(n), dtype=np.int64), batches)
+
+
+def nexmark_splits(events: int, config: GeneratorConfig | None = None, splits: int = 16,
+                   block: int = 5000) -> list[NexmarkSplit]:
+    """The ``splits`` splits of NEXMark events ``[0, events)`` (see ``NexmarkSplit``).
+
+    Raises:
+        ValueError: ``splits < 1``, ``block < 1`` or ``events < 0``.
+    """
+    if splits < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    return [NexmarkSplit(k, splits, events, block, config) for k in range(splits)]
+
+
+# -- the source operator ---------------------------------------------------------------------
+
+
+class _State:
+    """A split being read: ``offset`` is the position of its next unemitted row; the buffered
+    chunk holds positions ``[offset - cursor, offset - cursor + len(times))``."""
+
+    __slots__ = ("key", "split", "offset", "done", "times", "logical", "parts", "cursor",
+                 "last_time", "fixed_time")
+
+    def __init__(self, key: str, split: Split, offset: int, fixed_time: int | None = None) -> None:
+        self.key = key
+        self.split = split
+        self.offset = offset
+        self.done = False
+        self.times: np.ndarray | None = None
+        self.logical: np.ndarray | None = None
+        self.parts: Mapping[str, tuple[pa.RecordBatch, np.ndarray | None]] = {}
+        self.cursor = 0
+        self.last_time: int | None = None
+        self.fixed_time = fixed_time  # every row's time (directory files without a time column)
+
+    def buffered(self) -> bool:
+        return self.times is not None and self.cursor < len(self.times)
+
+
+class _Waker:
+    """Activates an operator at a deadline from a helper thread (so an idle source waiting
+    for the next poll is not scheduled in a loop); the thread exits when idle for a while."""
+
+    IDLE_EXIT = 2.0
+
+    def __init__(self, activate: Callable[[], None]) -> None:
+        self._activate = activate
+        self._cond = threading.Condition()
+        self._deadline: float | None = None
+        self._thread: threading.Thread | None = None
+        self._closed = False
+
+    def at(self, deadline: float) -> None:
+        """Activate at ``deadline`` (``time.monotonic()`` seconds) or earlier."""
+        with self._cond:
+            if self._closed:
+                return
+            if self._deadline is None or deadline < self._deadline:
+                self._deadline = deadline
+                self._cond.notify()
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="tokenflow-source-waker",
+                                                daemon=True)
+                self._thread.start()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            self._cond.notify()
+
+    def _run(self) -> None:
+        import time as clock
+
+        with self._cond:
+            while not self._closed:
+                if self._deadline is None:
+                    if not self._cond.wait(self.IDLE_EXIT) and self._deadline is None:
+                        break
+                    continue
+                delay = self._deadline - clock.monotonic()
+                if delay > 0:
+                    self._cond.wait(delay)
+                    continue
+                self._deadline = None
+                self._activate()
+            self._thread = None
+
+
+class _Reader:
+    """The state and logic of one worker's replayable source operator (see the module
+    docstring).  Subclasses add splits while running (``_discover``) and bound the times of
+    splits still to come (``_bound``)."""
+
+    def __init__(self, name: str, outputs: tuple[str, ...], time: str, granularity: int,
+                 start: int | None, pause_at: int | None, max_rows: int, history: int,
+                 on_epoch: OnEpoch | None) -> None:
+        if granularity < 1:
+            raise ValueError(f"{name}: granularity must be >= 1, got {granularity}")
+        if max_rows < 1:
+            raise ValueError(f"{name}: max_rows must be >= 1, got {max_rows}")
+        for label, value in (("start", start), ("pause_at", pause_at)):
+            if value is not None and value % granularity:
+                raise ValueError(f"{name}: {label}={value} is not a multiple of "
+                                 f"granularity={granularity}")
+        self.name = name
+        self.outputs = outputs
+        self.time = time
+        self.granularity = granularity
+        self.start = start
+        self.max_rows = max_rows
+        self.history = history
+        self.on_epoch = on_epoch
+        self.states: list[_State] = []
+        self.live: list[_State] = []
+        self.epochs: dict[int, dict[str, tuple[int, int]]] = {}
+        self._unfired: list[int] = []  # heap of recorded times not yet reported complete
+        self._unfired_set: set[int] = set()
+        self.lock = threading.Lock()
+        self.pause: int | None = pause_at
+        self.paused = False
+        self.closed = False
+        self.finished = False
+        self.tokens: list[Any] = []
+        self.max_emitted: int | None = None
+        self.activate: Callable[[], None] = lambda: None
+        self.metrics: dict[str, int] = {}
+
+    # -- hooks for dynamic sources ----------------------------------------------------------
+
+    def _discover(self) -> None:
+        """Add newly found splits to ``states`` / ``live`` (static sources: nothing)."""
+
+    def _bound(self) -> int | None:
+        """Least logical time a split not yet found may produce (None: no more splits)."""
+        return None
+
+    def _idle(self) -> None:
+        """Called when the source waits for splits still to come (schedule a wake-up)."""
+
+    def _stop(self) -> None:
+        """Called once when the source ends or is closed."""
+
+    # -- reading ----------------------------------------------------------------------------
+
+    def _label(self, st: _State) -> str:
+        return f"{self.name}/{st.key}"
+
+    def _fill(self, st: _State) -> None:
+        """Read the next chunk of ``st`` when its buffer is used up; mark it done at its end."""
+        if st.buffered() or st.done:
+            return
+        split = st.split
+        if isinstance(split, MultiSplit):
+            parts = split.read_parts(st.offset, self.max_rows)
+            if parts is None or not len(parts.times):
+                st.done = True
+                return
+            times = np.asarray(parts.times, dtype=np.int64)
+            st.parts = parts.batches
+        else:
+            batch = split.read(st.offset, self.max_rows)
+            if batch is None or batch.num_rows == 0:
+                st.done = True
+                return
+            if isinstance(batch, pa.Table):
+                batch = _as_batch(batch)
+            if st.fixed_time is not None:
+                times = np.full(batch.num_rows, st.fixed_time, dtype=np.int64)
+            else:
+                times = event_times(batch, self.time, self._label(st), st.offset)
+            st.parts = {self.outputs[0]: (batch, None)}
+        self._check_sorted(st, times)
+        st.times = times
+        st.logical = times - times % self.granularity if self.granularity > 1 else times
+        st.cursor = 0
+        self.metrics["records_in"] = self.metrics.get("records_in", 0) + len(times)
+
+    def _check_sorted(self, st: _State, times: np.ndarray) -> None:
+        previous = np.empty(len(times), dtype=np.int64)
+        previous[1:] = times[:-1]
+        previous[0] = times[0] if st.last_time is None else st.last_time
+        bad = np.flatnonzero(times < previous)
+        if len(bad):
+            row = int(bad[0])
+            raise InputError(
+                f"source {self.name!r}: split {st.key!r} is not sorted by column {self.time!r}: "
+                f"row {st.offset + row} has value {int(times[row])} after "
+                f"{int(previous[row])} (each split must be sorted by its time column)")
+        st.last_time = int(times[-1])
+
+    def _late(self, st: _State, floor: int) -> InputError:
+        assert st.times is not None
+        row = st.cursor
+        value = int(st.times[row])
+        if self.start is not None and floor == self.start:
+            why = (f"before the start epoch {self.start}: the recorded position does not match "
+                   f"the epoch")
+        else:
+            why = f"before the source's frontier {floor}"
+        return InputError(f"source {self.name!r}: split {st.key!r} row {st.offset} has "
+                          f"{self.time!r} value {value}, {why}")
+
+    # -- progress bookkeeping ---------------------------------------------------------------
+
+    def _record(self, key: str, logical: np.ndarray, first: int) -> None:
+        """Note the offsets ``[first, first + len(logical))`` read at their logical times."""
+        bounds = np.flatnonzero(logical[1:] != logical[:-1]) + 1
+        starts = [0, *bounds.tolist()]
+        ends = [*bounds.tolist(), len(logical)]
+        epochs = self.epochs
+        for s, e, t in zip(starts, ends, logical[starts].tolist(), strict=True):
+            ranges = epochs.get(t)
+            if ranges is None:
+                ranges = epochs[t] = {}
+                if t not in self._unfired_set:
+                    self._unfired_set.add(t)
+                    heapq.heappush(self._unfired, t)
+            old = ranges.get(key)
+            ranges[key] = (first + s if old is None else old[0], first + e)
+        if len(epochs) > 2 * self.history:
+            for t in sorted(epochs)[: len(epochs) - self.history]:
+                if t not in self._unfired_set:
+                    del epochs[t]
+
+    def _advance(self, time: int | None) -> None:
+        """Move every token to ``time`` (None: drop them) and report the completed times."""
+        for cap in self.tokens:
+            if time is None:
+                cap.drop()
+            elif cap.time < time:
+                cap.downgrade(time)
+        if time is None:
+            self.tokens = []
+        while self._unfired and (time is None or self._unfired[0] < time):
+            t = heapq.heappop(self._unfired)
+            self._unfired_set.discard(t)
+            if self.on_epoch is not None:
+                self.on_epoch(t, dict(self.epochs.get(t, {})))
+
+    def _finish(self) -> None:
+        self._advance(None)
+        self.finished = True
+        with self.lock:
+            if self.pause is not None:
+                self.paused = True
+        self._stop()
+
+    # -- the operator logic -----------------------------------------------------------------
+
+    def frontier(self) -> int | None:
+        return self.tokens[0].time if self.tokens else None
+
+    def positions(self) -> dict[str, int]:
+        return {st.key: st.offset for st in self.states}
+
+    def logic(self, outputs: list[Any]) -> None:
+        if not self.tokens:
+            return
+        if self.closed:
+            self._finish()
+            return
+        if self.start is not None and self.tokens[0].time < self.start:
+            self._advance(self.start)
+        self._discover()
+        emitted = 0
+        while True:
+            for st in self.live:
+                self._fill(st)
+            if any(st.done for st in self.live):
+                self.live = [st for st in self.live if not st.done]
+            live = self.live
+            bound = self._bound()
+            low = min(int(st.logical[st.cursor]) for st in live) if live else None  # type: ignore[index]
+            if bound is not None:
+                low = bound if low is None else min(low, bound)
+            if low is None:
+                self._finish()
+                return
+            with self.lock:
+                pause = self.pause
+            if pause is not None and low >= pause:
+                self._advance(low)
+                with self.lock:
+                    self.paused = self.pause == pause
+                if not self.paused:
+                    self.activate()  # the pause changed meanwhile
+                return
+            floor = self.tokens[0].time
+            if low < floor:
+                raise self._late(next(st for st in live if st.logical[st.cursor] == low), floor)  # type: ignore[index]
+            self._advance(low)
+            if not live:
+                self._idle()
+                return
+            if emitted >= self.max_rows:
+                self.activate()
+                return
+            horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
+            cutoff = horizon + self.granularity  # every buffered row before it may go out
+            if pause is not None:
+                cutoff = min(cutoff, pause)
+            emitted += self._emit(live, cutoff, outputs)
+
+    def _emit(self, live: list[_State], cutoff: int, outputs: list[Any]) -> int:
+        """Send every buffered row with time ``< cutoff``, merged across splits in logical-time
+        order, one message per (logical time, output); returns the positions consumed."""
+        pieces: dict[str, list[tuple[np.ndarray, pa.RecordBatch]]] = {o: [] for o in self.outputs}
+        consumed = 0
+        for st in live:
+            assert st.times is not None and st.logical is not None
+            lo = st.cursor
+            hi = int(np.searchsorted(st.times, cutoff, side="left"))
+            if hi <= lo:
+                continue
+            logical = st.logical[lo:hi]
+            for out, (batch, index) in st.parts.items():
+                if index is None:
+                    pieces[out].append((logical, batch.slice(lo, hi - lo)))
+                else:
+                    r0, r1 = np.searchsorted(index, [lo, hi]).tolist()
+                    if r1 > r0:
+                        pieces[out].append((st.logical[index[r0:r1]], batch.slice(r0, r1 - r0)))
+            self._record(st.key, logical, st.offset)
+            st.offset += hi - lo
+            st.cursor = hi
+            consumed += hi - lo
+            if hi == len(st.times):  # free the chunk
+                st.times = st.logical = None
+                st.parts = {}
+                st.cursor = 0
+        cap = self.tokens[0]
+        for port, out in enumerate(self.outputs):
+            got = pieces[out]
+            if not got:
+                continue
+            if len(got) == 1:
+                logical, batch = got[0]
+            else:
+                logical = np.concatenate([g[0] for g in got])
+                batch = _concat([g[1] for g in got])
+                if (logical[1:] < logical[:-1]).any():
+                    order = np.argsort(logical, kind="stable")
+                    logical = logical[order]
+                    batch = batch.take(pa.array(order))
+            bounds = np.flatnonzero(logical[1:] != logical[:-1]) + 1
+            starts = [0, *bounds.tolist()]
+            ends = [*bounds.tolist(), len(logical)]
+            token = self.tokens[port] if port < len(self.tokens) else cap
+            for s, e, t in zip(starts, ends, logical[starts].tolist(), strict=True):
+                outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
+            last = int(logical[-1])
+            if self.max_emitted is None or last > self.max_emitted:
+                self.max_emitted = last
+        return consumed
+
+
+def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """The rows of ``batches`` in order as one batch (schemas unified when they differ)."""
+    first = batches[0].schema
+    if all(b.schema == first for b in batches):
+        return pa.concat_batches(batches)
+    table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
+                             promote_options="permissive")
+    return _as_batch(table)
+
+
+class SourceHandle:
+    """Worker-side control of one worker's share of a replayable source.
+
+    Use it from the worker function (the thread that steps the worker); the pause methods may
+    also be called from another thread.
+    """
+
+    def __init__(self, reader: _Reader) -> None:
+        self._reader = reader
+
+    @property
+    def name(self) -> str:
+        return self._reader.name
+
+    @property
+    def keys(self) -> list[str]:
+        """This worker's split keys (known so far, for a directory source)."""
+        return [st.key for st in self._reader.states]
+
+    def positions(self) -> dict[str, int]:
+        """Split key -> offset of its next unread row, for this worker's splits.  When
+        ``paused``, the offset of each split's first row at a time ``>= e``."""
+        return self._reader.positions()
+
+    @property
+    def epochs(self) -> dict[int, dict[str, tuple[int, int]]]:
+        """Per logical time read (the last ``history`` of them), per split key, the offsets
+        ``[first, end)`` read at that time: the division of this worker's input into steps."""
+        epochs = self._reader.epochs
+        keep = sorted(epochs)[-self._reader.history:]
+        return {t: dict(epochs[t]) for t in keep}
+
+    def pause_at(self, epoch: int) -> None:
+        """From now on emit nothing at or after ``epoch``: send everything before it, then hold
+        the token at ``epoch`` (or at the least time still to come, when later) and stay idle
+        until ``resume()`` or another ``pause_at``.
+
+        Raises:
+            ValueError: ``epoch`` is not a multiple of the granularity, or rows at or after it
+                were already emitted.
+        """
+        r = self._reader
+        if epoch % r.granularity:
+            raise ValueError(f"{r.name}: pause epoch {epoch} is not a multiple of "
+                             f"granularity={r.granularity}")
+        with r.lock:
+            if r.max_emitted is not None and r.max_emitted >= epoch:
+                raise ValueError(f"{r.name}: cannot pause at {epoch}: rows at time "
+                                 f"{r.max_emitted} were already emitted")
+            r.pause = epoch
+            r.paused = r.finished
+        r.activate()
+
+    def resume(self) -> None:
+        """Lift the pause: the source reads on."""
+        r = self._reader
+        with r.lock:
+            r.pause = None
+            r.paused = False
+        r.activate()
+
+    def close(self) -> None:
+        """End the source now: drop its token at the next scheduling without reading more
+        (after a pause, to shut a job down at the snapshot; positions stay as they are)."""
+        r = self._reader
+        with r.lock:
+            r.closed = True
+        r.activate()
+
+    @property
+    def paused(self) -> bool:
+        """True once a pause at ``e`` is in effect: everything before ``e`` is emitted and the
+        source holds its token at ``e`` or later (or has ended)."""
+        return self._reader.paused
+
+    @property
+    def done(self) -> bool:
+        """True once the source has dropped its token (input exhausted or closed)."""
+        return self._reader.finished
+
+    @property
+    def frontier(self) -> int | None:
+        """The source's token time on this worker (None once ended)."""
+        return self._reader.frontier()
+
+
+def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
+    """Add ``reader``'s operator to ``scope``; returns its streams (one per output)."""
+    builder = OperatorBuilder(reader.name, scope, notify=False)
+    ports = [builder.new_output() for _ in reader.outputs]
+    reader.activate = builder.activator()
+    worker_metrics = getattr(scope.worker, "metrics", None)
+    if isinstance(worker_metrics, dict):
+        reader.metrics = worker_metrics
+    outputs = [p[0] for p in ports]
+
+    def constructor(caps: list[Any]) -> Any:
+        reader.tokens = list(caps)
+
+        def logic(frontiers: list[Any]) -> bool:
+            reader.logic(outputs)
+            return False
+
+        return logic
+
+    builder.build(constructor)
+    return [p[1] for p in ports], SourceHandle(reader)
+
+
+def _static_reader(scope: Any, name: str, splits: Sequence[Split], outputs: tuple[str, ...],
+                   time: str, granularity: int, positions: Mapping[str, int] | None,
+                   start: int | None, pause_at: int | None, max_rows: int, history: int,
+                   on_epoch: OnEpoch | None) -> _Reader:
+    by_key = {s.key: s for s in splits}
+    mine = assign_splits([s.key for s in splits], scope.peers)[scope.worker_index]
+    positions = dict(positions or {})
+    unknown = sorted(set(positions) - set(by_key))
+    if unknown:
+        raise ValueError(f"{name}: positions for unknown splits {unknown[:5]} "
+                         f"({len(unknown)} in all; splits are e.g. {sorted(by_key)[:3]})")
+    reader = _Reader(name, outputs, time, granularity, start, pause_at, max_rows, history, on_epoch)
+    for key in mine:
+        offset = int(positions.get(key, 0))
+        if offset < 0:
+            raise ValueError(f"{name}: negative position {offset} for split {key!r}")
+        reader.states.append(_State(key, by_key[key], offset))
+    reader.live = list(reader.states)
+    return reader
+
+
+def replayable_source(scope: Any, name: str, splits: Sequence[Split], time: str,
+                      granularity: int = 1, positions: Mapping[str, int] | None = None,
+                      start: int | None = None, pause_at: int | None = None,
+                      max_rows: int = 65536, on_epoch: OnEpoch | None = None,
+                      history: int = DEFAULT_HISTORY) -> tuple[Any, SourceHandle]:
+    """A stream of Arrow batches read from ``splits``, timed by their column ``time``.
+
+    Every worker builds the source with the same ``splits``; worker ``w`` reads
+    ``assign_splits(keys, peers)[w]``, merging them in event-time order.  A row's logical time
+    is ``time - time % granularity`` (integer times as they are, timestamps as ms since the
+    Unix epoch, see ``tokenflow.spark.io.event_times``).  At most about ``max_rows`` rows are
+    sent per activation (each split is read ``max_rows`` rows at a time).
+
+    Args:
+        positions: split key -> offset to start each split at (missing keys start at 0), e.g.
+            the union of every worker's ``SourceHandle.positions()`` of a paused run.
+        start: the epoch the job starts at (a multiple of ``granularity``): the source's token
+            starts there, and a row before it is an error (the positions do not match it).
+        pause_at: pause at this epoch from the start (see ``SourceHandle.pause_at``).
+        on_epoch: called as ``on_epoch(t, ranges)`` once logical time ``t`` is complete on
+            this worker (the token moved past it), with the offset ranges read at ``t``.
+        history: logical times kept in ``SourceHandle.epochs``.
+
+    Returns:
+        ``(stream, handle)``.
+
+    Raises:
+        ValueError: bad arguments, repeated split keys, positions for unknown splits.
+        InputError (at run time): a split not sorted by ``time`` (naming source, split,
+            column, row and value), a row before ``start``, a bad time value.
+    """
+    if splits and isinstance(splits[0], MultiSplit):
+        raise TypeError(f"{name}: splits with several outputs go to replayable_streams")
+    reader = _static_reader(scope, name, splits, ("out",), time, granularity, positions, start,
+                            pause_at, max_rows, history, on_epoch)
+    streams, handle = _build(scope, reader)
+    return streams[0], handle
+
+
+def replayable_streams(scope: Any, name: str, splits: Sequence[MultiSplit], time: str,
+                       granularity: int = 1, positions: Mapping[str, int] | None = None,
+                       start: int | None = None, pause_at: int | None = None,
+                       max_rows: int = 65536, on_epoch: OnEpoch | None = None,
+                       history: int = DEFAULT_HISTORY) -> tuple[dict[str, Any], SourceHandle]:
+    """Like ``replayable_source`` for splits with several outputs (``MultiSplit``): one stream
+    per output name, all driven by one token set (``time`` names the time in messages only;
+    the splits give each position's time).
+
+    Raises:
+        ValueError: as ``replayable_source``, or splits with different outputs.
+    """
+    outputs = splits[0].outputs if splits else ()
+    for s in splits:
+        if s.outputs != outputs:
+            raise ValueError(f"{name}: split {s.key!r} has outputs {s.outputs}, not {outputs}")
+    reader = _static_reader(scope, name, splits, tuple(outputs), time, granularity, positions,
+                            start, pause_at, max_rows, history, on_epoch)
+    streams, handle = _build(scope, reader)
+    return dict(zip(outputs, streams, strict=True)), handle
+
+
+def nexmark_streams(scope: Any, events: int, config: GeneratorConfig | None = None,
+                    splits: int = 16, block: int = 5000, granularity: int = 1,
+                    positions: Mapping[str, int] | None = None, start: int | None = None,
+                    pause_at: int | None = None, max_rows: int = 65536,
+                    on_epoch: OnEpoch | None = None,
+                    name: str = "Nexmark") -> tuple[dict[str, Any], SourceHandle]:
+    """The NEXMark events ``[0, events)`` as three streams ``{"person", "auction", "bid"}``,
+    replayable: ``replayable_streams`` over ``nexmark_splits(events, config, splits, block)``
+    (each event generated once, see ``NexmarkSplit``); logical times are ``dateTime`` (ms)
+    floored to ``granularity``."""
+    parts = nexmark_splits(events, config, splits, block)
+    return replayable_streams(scope, name, parts, "dateTime", granularity, positions, start,
+                              pause_at, max_rows, on_epoch)
+
+
+__all__ = [
+    "DEFAULT_HISTORY", "InputError", "MultiSplit", "NexmarkSplit", "OnEpoch", "ParquetSplit",
+    "Parts", "SourceHandle", "Split", "TableSplit", "assign_splits", "nexmark_splits",
+    "nexmark_streams", "parquet_splits", "replayable_source", "replayable_streams",
+    "table_splits",
+]
