@@ -27,10 +27,13 @@ def run_worker(
     configure: Callable[[Worker], None] | None = None,
     max_frame: int | None = None,
     report_to: tuple[str, int, str] | None = None,
+    spec: Any = None,
 ) -> Any:
     """Join the mesh as worker ``index``, run ``fn(worker)`` and step to completion.
 
-    Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh raises (``PeerLostError``
+    ``spec`` (a ``tokenflow.job.JobSpec``) gives the routing table and the snapshot to
+    restore; with ``spec.control`` the worker obeys commands from the coordinator at
+    ``report_to``.  Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh raises (``PeerLostError``
     names a lost peer); the mesh is closed either way.
     """
     kwargs = {} if max_frame is None else {"max_frame": max_frame}
@@ -41,7 +44,13 @@ def run_worker(
         worker = Worker(allocator)
         if configure is not None:
             configure(worker)
+        if spec is not None:
+            spec.apply(worker)
         reporter = attach(worker, report_to)
+        if reporter is not None and spec is not None and spec.control:
+            from tokenflow.control import ControlAgent
+
+            worker.on_step.append(ControlAgent(reporter))
         result = fn(worker)
         worker.step_until_done()
         if reporter is not None:

@@ -1,21 +1,29 @@
-"""The driver's coordinator endpoint: workers report their progress and throughput to it.
+"""The driver's coordinator: workers report progress to it, and it sends them commands.
 
-Source: DESIGN.md ("Execution model": the driver runs a coordinator to which workers report
-frontiers and metrics, shown as progress in the CLI).  The endpoint faces the network, so it
-never unpickles: frames are a 4-byte big-endian length and a msgpack map of at most
-``MAX_REPORT`` bytes, and a connection must present the job's token in its first frame.
+Source: docs/ARCHITECTURE.md ("Execution model": the driver runs a coordinator to which
+workers report frontiers and metrics, and through which checkpoint and rescale commands flow).
+The endpoint faces the network, so it never unpickles: frames are a 4-byte big-endian length
+and a msgpack map of at most ``MAX_REPORT`` bytes, and a connection must present the job's
+token in its first frame.  The connection is two-way: after the hello the worker sends reports
+and control replies, the coordinator sends commands (``tokenflow.control``).
 
 Report shape (msgpack map)::
 
     {"worker": int, "steps": int, "elapsed": float (s since the worker started),
      "records_in": int, "frontiers": {dataflow: {operator: [time as str, ...]}}, "done": bool}
+
+Control messages in either direction are maps with a ``"kind"`` string (a command such as
+``{"kind": "pause_at", "epoch": 40}``, or a reply such as ``{"kind": "idle", "worker": 1,
+...}``); replies are queued in ``Coordinator.inbox`` rather than taken as reports.
 """
 
 from __future__ import annotations
 
 import hmac
 import logging
+import queue
 import secrets
+import select
 import socket
 import struct
 import threading
@@ -63,7 +71,11 @@ class Coordinator:
         self._sock = socket.create_server((host, 0))
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self.reports: dict[int, dict[str, Any]] = {}
+        self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
+        """Control replies from workers (maps with a ``"kind"``), in arrival order."""
         self.refused = 0
+        self._links: dict[int, socket.socket] = {}
+        self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._serve, daemon=True, name="tokenflow-coordinator").start()
@@ -87,8 +99,13 @@ class Coordinator:
             while True:
                 report = _read(conn)
                 worker = report.get("worker")
-                if not isinstance(worker, int):
+                if not isinstance(worker, int) or isinstance(worker, bool) or worker < 0:
                     raise ValueError("report without a worker index")
+                with self._lock:
+                    self._links[worker] = conn
+                if isinstance(report.get("kind"), str):
+                    self.inbox.put(report)
+                    continue
                 report["received"] = time.time()
                 with self._lock:
                     self.reports[worker] = report
@@ -99,6 +116,23 @@ class Coordinator:
             log.warning("coordinator refused %s:%s: %s", addr[0], addr[1], exc)
         finally:
             conn.close()
+
+    def send(self, worker: int, message: dict[str, Any]) -> None:
+        """Send a command (a map with a ``"kind"``) to ``worker``.
+
+        Raises:
+            KeyError: the worker has not connected (it connects when it starts).
+            OSError: its connection failed.
+        """
+        with self._lock:
+            conn = self._links[worker]
+        with self._send_lock:
+            _write(conn, message)
+
+    def connected(self) -> list[int]:
+        """Workers whose connection is open, ascending."""
+        with self._lock:
+            return sorted(self._links)
 
     def snapshot(self) -> dict[int, dict[str, Any]]:
         with self._lock:
@@ -134,6 +168,33 @@ class Reporter:
         except OSError as exc:
             log.warning("cannot reach the coordinator at %s:%s: %s", host, port, exc)
             self.sock = None
+
+    def send(self, message: dict[str, Any]) -> None:
+        """Send a control reply now (``message`` has a ``"kind"`` and the worker index).
+
+        Raises:
+            ConnectionError: the coordinator cannot be reached.
+        """
+        if self.sock is None:
+            raise ConnectionError("no connection to the coordinator")
+        _write(self.sock, message)
+
+    def poll(self, timeout: float | None = 0.0) -> dict[str, Any] | None:
+        """The next command from the coordinator, or None if none came within ``timeout``
+        seconds (0: do not wait; None: wait until one comes).
+
+        Raises:
+            ConnectionError: the coordinator closed the connection or sent a malformed frame.
+        """
+        if self.sock is None:
+            raise ConnectionError("no connection to the coordinator")
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            return None
+        try:
+            return _read(self.sock)
+        except (EOFError, ValueError, OSError, msgpack.UnpackException) as exc:
+            raise ConnectionError(f"coordinator connection failed: {exc}") from exc
 
     def __call__(self, worker: Any, force: bool = False) -> None:
         now = time.monotonic()

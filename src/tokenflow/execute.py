@@ -12,8 +12,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 from tokenflow.comm.thread import ThreadFabric, WorkerAborted
+from tokenflow.control import ControlAgent
 from tokenflow.coordinator import attach
 from tokenflow.inputs import partition_inputs
+from tokenflow.job import JobSpec, job_name
+from tokenflow.state.bins import DEFAULT_BINS
 from tokenflow.worker import Worker
 
 R = TypeVar("R")
@@ -40,6 +43,11 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     (see ``tokenflow.inputs``; read them with ``tokenflow.spark.from_dataframe``) and
     ``report_to=Coordinator(...).endpoint`` (workers report progress to the driver).
 
+    State options (every runtime): ``bins=`` (bins of the routing table, default 4,096),
+    ``restore=DIR`` (start from the latest committed snapshot under ``DIR``, or ``epoch=``'s,
+    at this worker count: ``tokenflow.job``), ``name=`` (the job's name; default the
+    function's qualified name, which a restored snapshot must match).
+
     Raises:
         ValueError: for an unknown runtime or fewer than one worker.
         WorkerError: when a worker raises (the first failure; the others stop).
@@ -48,6 +56,12 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         raise ValueError(f"unknown runtime {runtime!r}; available: {', '.join(RUNTIMES)}")
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    spec = options.pop("spec", None)
+    bins, restore = options.pop("bins", DEFAULT_BINS), options.pop("restore", None)
+    epoch, name = options.pop("epoch", None), options.pop("name", None)
+    if spec is None:
+        spec = JobSpec.create(name or job_name(fn), workers, bins, restore, epoch)
+    options["spec"] = spec
     if runtime != "thread":
         # Runtimes above this layer are looked up by name (a plugin registry, so that the
         # layers below never import them).
@@ -57,6 +71,8 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         return module.execute_runtime(fn, workers, **options)  # type: ignore[no-any-return]
     inputs = partition_inputs(options.pop("inputs", None), workers, options.pop("sort_by", None))
     report_to = options.pop("report_to", None)
+    hub = options.pop("control_hub", None)
+    options.pop("spec")
     if options:
         raise ValueError(f"the thread runtime takes no options but inputs/sort_by, got {sorted(options)}")
     fabric = ThreadFabric(workers)
@@ -66,7 +82,10 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         try:
             worker = Worker(fabric.allocator(i))
             worker.inputs = inputs[i]
+            spec.apply(worker)
             reporter = attach(worker, report_to)
+            if hub is not None:
+                worker.on_step.append(ControlAgent(hub.link(i)))
             results[i] = fn(worker)
             worker.step_until_done()
             if reporter is not None:

@@ -35,7 +35,7 @@ class WorkerProcessError(RuntimeError):
 
 def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes,
                  conn: Connection, host: str, max_frame: int | None,
-                 report_to: tuple[str, int, str] | None) -> None:
+                 report_to: tuple[str, int, str] | None, spec: Any = None) -> None:
     from tokenflow.cluster import run_worker
 
     try:
@@ -48,7 +48,7 @@ def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes
             worker.inputs = inputs
 
         result = run_worker(fn, index, peers, listener, addresses, secret, job, configure,
-                            max_frame=max_frame, report_to=report_to)
+                            max_frame=max_frame, report_to=report_to, spec=spec)
         conn.send(("result", cloudpickle.dumps(result)))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver
         try:
@@ -88,6 +88,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
                     on_addresses: Callable[[list[tuple[str, int]], str], None] | None = None,
                     inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
                     report_to: tuple[str, int, str] | None = None,
+                    spec: Any = None,
                     ) -> list[Any]:
     """Run ``fn`` on ``workers`` local processes; returns the per-worker results in order.
 
@@ -102,6 +103,8 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
             it to probe the mesh).
         inputs, sort_by: named tables for ``from_dataframe`` (see ``tokenflow.inputs``).
         report_to: a coordinator endpoint ``(host, port, token)`` for progress reports.
+        spec: the job's ``tokenflow.job.JobSpec`` (routing table, snapshot to restore,
+            control plane).
 
     Raises:
         WorkerProcessError: when a worker raises or dies, naming the first one to fail.
@@ -115,7 +118,8 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
     for i in range(workers):
         parent, child = ctx.Pipe()
         p = ctx.Process(target=_worker_main, name=f"tokenflow-worker-{i}",
-                        args=(i, workers, secret, job, payload, child, host, max_frame, report_to))
+                        args=(i, workers, secret, job, payload, child, host, max_frame, report_to,
+                              spec))
         p.start()
         child.close()
         conns.append(parent)

@@ -87,6 +87,9 @@ class Worker:
         self.restore: Any = None
         """A snapshot reader (``tokenflow.state.snapshot.Snapshot``) whose bins this worker
         loads into every state it declares, or None."""
+        self.sources: dict[str, Any] = {}
+        """Replayable sources by stable key (``register_source``): what the control plane
+        pauses and whose positions a snapshot records."""
         self.traffic = Traffic()
         self.activations = Activations()
         self._identifiers = 0
@@ -117,6 +120,29 @@ class Worker:
         self.states[key] = state
         if self.restore is not None:
             state.load(self.restore.read(key, owned.tolist()))
+
+    def register_source(self, key: str, handle: Any) -> dict[str, int] | None:
+        """Declare a replayable source (its ``SourceHandle``) under a stable ``key``; returns
+        the positions to restart it from when restoring (the union of every old worker's
+        recorded positions of that key), else None.
+
+        Raises:
+            ValueError: ``key`` is already declared.
+        """
+        if key in self.sources:
+            raise ValueError(f"worker {self.index}: source {key!r} declared twice")
+        self.sources[key] = handle
+        if self.restore is None:
+            return None
+        positions: dict[str, int] = {}
+        for w in self.restore.workers:
+            positions.update(self.restore.worker_meta(w).get("sources", {}).get(key, {}))
+        return positions
+
+    def stop(self) -> None:
+        """End every dataflow of this worker now (after a snapshot, when the job stops); its
+        ``step`` then returns False."""
+        self._dataflows.clear()
 
     def export_states(self, bins: Any = None) -> dict[str, dict[int, Any]]:
         """Every declared state's bins (all held when ``bins`` is None), by key: what a

@@ -234,40 +234,49 @@ def _string_like(dtype: pa.DataType) -> bool:
     )
 
 
+def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
+    """Stable uint64 hash per row of an Arrow column (nulls hash to 0), vectorized: string and
+    binary columns with ``hash_strings``, integer and boolean columns by value
+    (``hash_ints``), other types by their string form."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    kind = column.type
+    if _string_like(kind):
+        return hash_strings(column)
+    if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
+        ints = column.fill_null(0) if column.null_count else column
+        return hash_ints(ints.cast(pa.int64()).to_numpy(zero_copy_only=False))
+    hashes = hash_strings(column.cast(pa.string()))
+    if column.null_count:
+        hashes[np.asarray(column.is_null())] = 0
+    return hashes
+
+
 def column_routes(column: pa.Array | pa.ChunkedArray, peers: Target,
                   cache: dict[Any, int] | None = None) -> np.ndarray:
     """Worker index per row of an Arrow column, vectorized (nulls route as hash 0: to worker 0,
     or to the owner of bin 0 when ``peers`` is a ``RoutingTable``).
 
-    String and binary columns are hashed with ``hash_strings`` (small columns look their
-    values up in ``cache``, a value → worker map the caller keeps across batches); integer
-    columns hash their values; other types hash their string form.
+    Rows hash with ``column_hashes``; small string columns look their values up in ``cache``
+    (a value -> worker map the caller keeps across batches, valid for one ``peers``).
     """
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
-    kind = column.type
-    if _string_like(kind):
-        if cache is not None and len(column) <= 64:
-            values = column.to_pylist()
-            known = list(map(cache.get, values))
-            if None in known:
-                missing = [i for i, r in enumerate(known) if r is None and values[i] is not None]
-                if missing:
-                    fresh = route_hashes(hash_strings(column.take(pa.array(missing))), peers)
-                    if len(cache) > 1 << 20:
-                        cache.clear()
-                    for i, r in zip(missing, fresh.tolist(), strict=True):
-                        cache[values[i]] = known[i] = r
-                null = _null_route(peers)
-                known = [null if r is None else r for r in known]
-            return np.array(known, dtype=np.int64)
-        routes = route_hashes(hash_strings(column), peers)
-    elif pa.types.is_integer(kind) or pa.types.is_boolean(kind):
-        ints = column.fill_null(0) if column.null_count else column
-        values = ints.cast(pa.int64()).to_numpy(zero_copy_only=False)
-        routes = route_hashes(hash_ints(values), peers)
-    else:
-        routes = route_hashes(hash_strings(column.cast(pa.string())), peers)
+    if cache is not None and len(column) <= 64 and _string_like(column.type):
+        values = column.to_pylist()
+        known = list(map(cache.get, values))
+        if None in known:
+            missing = [i for i, r in enumerate(known) if r is None and values[i] is not None]
+            if missing:
+                fresh = route_hashes(hash_strings(column.take(pa.array(missing))), peers)
+                if len(cache) > 1 << 20:
+                    cache.clear()
+                for i, r in zip(missing, fresh.tolist(), strict=True):
+                    cache[values[i]] = known[i] = r
+            null = _null_route(peers)
+            known = [null if r is None else r for r in known]
+        return np.array(known, dtype=np.int64)
+    routes = route_hashes(column_hashes(column), peers)
     if column.null_count:
         routes = np.where(np.asarray(column.is_null()), _null_route(peers), routes)
     return routes

@@ -45,7 +45,8 @@ def _task_host() -> str:
 
 def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
                inputs: list[tuple[str, list[str]]], local: bool,
-               report_to: tuple[str, int, str] | None) -> Callable[..., Iterator[pa.RecordBatch]]:
+               report_to: tuple[str, int, str] | None,
+               spec: Any = None) -> Callable[..., Iterator[pa.RecordBatch]]:
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
 
@@ -70,7 +71,7 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
                 worker.inputs = worker_inputs
 
             result = run_worker(fn, index, workers, listener, addresses, secret, job, configure,
-                                report_to=report_to)
+                                report_to=report_to, spec=spec)
             out = [index, True, cloudpickle.dumps(result)]
         except BaseException as exc:  # noqa: BLE001 - returned to the driver with its traceback
             import traceback
@@ -114,7 +115,8 @@ def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
 
 def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None = None,
                     inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
-                    spark: Any = None, report_to: tuple[str, int, str] | None = None) -> list[Any]:
+                    spark: Any = None, report_to: tuple[str, int, str] | None = None,
+                    spec: Any = None) -> list[Any]:
     """Run ``fn`` on ``workers`` barrier tasks of Spark; returns per-worker results in order.
 
     Args:
@@ -127,6 +129,8 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         sort_by: per input, the event-time column to sort partitions by.
         spark: an existing SparkSession to use.
         report_to: a coordinator endpoint ``(host, port, token)`` for progress reports.
+        spec: the job's ``tokenflow.job.JobSpec`` (routing table, snapshot to restore,
+            control plane).
 
     Raises:
         WorkerError: when a worker fails (naming it), or Spark fails the stage.
@@ -142,7 +146,7 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         frame, layout = _input_frame(spark, inputs, workers, sort_by or {})
     else:
         frame = spark.range(0, workers, numPartitions=workers).select()
-    task = _make_task(cloudpickle.dumps(fn), secret, job, workers, layout, local, report_to)
+    task = _make_task(cloudpickle.dumps(fn), secret, job, workers, layout, local, report_to, spec)
     start = time.perf_counter()
     try:
         rows = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()

@@ -94,8 +94,8 @@ class RoutingTable:
         check_bins(bins)
         if workers < 1:
             raise ValueError(f"workers must be >= 1, got {workers}")
-        owners = (np.arange(bins, dtype=np.int64) * workers) // bins
-        return cls(owners, range(workers))
+        counts = [bins // workers + (1 if w < bins % workers else 0) for w in range(workers)]
+        return cls(np.repeat(np.arange(workers, dtype=np.int64), counts), range(workers))
 
     def route(self, bin_indices: np.ndarray) -> np.ndarray:
         """Owner per bin index (int64 array)."""
@@ -124,10 +124,11 @@ class RoutingTable:
         """The table for ``roster`` that moves the fewest bins from this one while giving
         every member ``bins // n`` or ``bins // n + 1`` bins (``n = len(roster)``).
 
-        Members keep their lowest bins up to their new share; the bins of departed members
-        and the excess of the others go, in bin order, to the members below their share
-        (members in ascending order; the first ``bins % n`` members' share is one more).
-        Going from ``W`` to ``W + 1`` even members moves ``bins // (W + 1)`` or one more bin.
+        The ``bins % n`` shares one bin larger go to the members owning the most bins now
+        (ties: lower index first); members keep their lowest bins up to their share; the bins
+        of departed members and the excess of the others go, in bin order, to the members
+        below their share, in ascending order.  Going from ``W`` to ``W + 1`` even members
+        moves ``bins // (W + 1)`` or one more bin, all to the newcomer.
 
         Raises:
             ValueError: an empty roster or a negative worker index.
@@ -138,7 +139,9 @@ class RoutingTable:
         if members[0] < 0:
             raise ValueError(f"worker indices must be >= 0, got {members[0]}")
         n, bins = len(members), self.bins
-        share = {w: bins // n + (1 if i < bins % n else 0) for i, w in enumerate(members)}
+        current = self.counts()
+        larger = sorted(members, key=lambda w: (-current.get(w, 0), w))[: bins % n]
+        share = {w: bins // n + (1 if w in larger else 0) for w in members}
         owners = self.owners.copy()
         kept = dict.fromkeys(members, 0)
         pool: list[int] = []

@@ -1,0 +1,182 @@
+"""A job's identity, layout and restore point, and a handle on a running job.
+
+Source: the distributed-DBSP design, "Layout changes" (cold: checkpoint, terminate the
+workers, start them with the new layout, each loading the state it now owns) and "Scaling
+state" (fixed sharding); Megaphone (bins and a routing table).
+
+``JobSpec`` travels to every worker with the job (inside the job, pickled): the job's name,
+its routing table (``bin -> worker``), and the snapshot to restore, if any.  ``start`` runs a
+job in the background and returns a ``JobHandle`` whose ``snapshot()`` pauses it at an epoch
+boundary, writes a snapshot and stops it (``tokenflow.control``); ``execute(..., restore=DIR)``
+then starts the same job from that snapshot at any worker count, the routing table rebalanced
+so that only the bins whose owner changes are read by a worker that did not write them.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
+from tokenflow.state.snapshot import Snapshot
+
+
+def job_name(fn: Callable[..., Any]) -> str:
+    """The default name of a job: its function's module and qualified name (the same on
+    every run, so a snapshot can be matched to the job that wrote it)."""
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', type(fn).__name__)}"
+
+
+@dataclass
+class JobSpec:
+    """What every worker must agree on before it builds a dataflow.
+
+    Attributes:
+        name: the job's name (snapshots carry it; restoring another job's snapshot fails).
+        routing: the routing table (``RoutingTable.to_json()`` form).
+        restore_root, restore_epoch: the snapshot to load (None: start empty).
+        control: install the control-plane agent (``tokenflow.control.ControlAgent``).
+    """
+
+    name: str
+    routing: dict[str, Any]
+    restore_root: str | None = None
+    restore_epoch: int | None = None
+    control: bool = False
+    _table: RoutingTable | None = field(default=None, repr=False, compare=False)
+
+    @classmethod
+    def create(cls, name: str, workers: int, bins: int = DEFAULT_BINS, restore: str | None = None,
+               epoch: int | None = None, control: bool = False) -> JobSpec:
+        """The spec of a job of ``workers`` workers: an even routing table of ``bins`` bins,
+        or, with ``restore``, the snapshot's table rebalanced onto ``workers`` workers.
+
+        Raises:
+            SnapshotError: ``restore`` holds no committed snapshot (of ``epoch``), or one of
+                another job or another bin count.
+            ValueError: ``workers < 1`` or a bad bin count.
+        """
+        if restore is None:
+            table = RoutingTable.even(workers, bins)
+            return cls(name, table.to_json(), control=control)
+        snapshot = Snapshot.open(restore, epoch, job=name, bins=bins)
+        table = snapshot.routing.rebalanced(range(workers))
+        return cls(name, table.to_json(), restore, snapshot.epoch, control)
+
+    @property
+    def table(self) -> RoutingTable:
+        """The routing table."""
+        if self._table is None:
+            self._table = RoutingTable.from_json(self.routing)
+        return self._table
+
+    def apply(self, worker: Any) -> None:
+        """Give ``worker`` the routing table and, when restoring, the snapshot to load from
+        (before its dataflows are built).
+
+        Raises:
+            SnapshotError: the snapshot cannot be opened on this worker.
+        """
+        worker.routing = self.table
+        if self.restore_root is not None:
+            worker.restore = Snapshot.open(self.restore_root, self.restore_epoch, job=self.name,
+                                           bins=self.table.bins)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_table"] = None
+        return state
+
+
+class JobHandle:
+    """A job running in the background (``start``).
+
+    ``snapshot(root)`` pauses every source at a common epoch, waits until nothing is in
+    flight, writes every worker's state and source positions under ``root``, commits the
+    snapshot and stops the job (``stop=False``: resumes it); ``result()`` waits for the
+    per-worker results.
+    """
+
+    def __init__(self, spec: JobSpec, workers: int, hub: Any, run: Callable[[], list[Any]]) -> None:
+        self.spec = spec
+        self.workers = workers
+        self.hub = hub
+        self._result: list[Any] | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(run,), daemon=True,
+                                        name="tokenflow-job")
+        self._thread.start()
+
+    def _run(self, run: Callable[[], list[Any]]) -> None:
+        try:
+            self._result = run()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    @property
+    def running(self) -> bool:
+        return self._thread.is_alive()
+
+    def snapshot(self, root: str, stop: bool = True, timeout: float = 60.0) -> int:
+        """Snapshot the job at an epoch boundary under ``root``; returns the epoch.
+
+        Raises:
+            ControlError: a worker did not answer within ``timeout`` s (e.g. the job ended or
+                failed; ``result()`` then names the failure).
+            SnapshotError: the snapshot could not be committed.
+        """
+        from tokenflow.control import take_snapshot
+
+        return take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
+                             self.spec.table, stop=stop, timeout=timeout)
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """The per-worker results once the job ends.
+
+        Raises:
+            TimeoutError: still running after ``timeout`` s.
+            WorkerError: the job failed.
+        """
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.spec.name!r} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+
+def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
+          name: str | None = None, bins: int = DEFAULT_BINS, restore: str | None = None,
+          **options: Any) -> JobHandle:
+    """Run ``fn`` like ``execute`` but in the background, under the control plane.
+
+    Returns a ``JobHandle`` (``snapshot``, ``result``).  On ``process`` and ``spark`` a
+    ``Coordinator`` is created for the job unless ``report_to=`` names one's endpoint (pass
+    the coordinator itself as ``coordinator=``).
+
+    Raises:
+        ValueError: see ``execute``; SnapshotError: see ``JobSpec.create``.
+    """
+    from tokenflow.control import CoordinatorHub, QueueHub
+    from tokenflow.execute import execute
+
+    spec = JobSpec.create(name or job_name(fn), workers, bins, restore, control=True)
+    if runtime == "thread":
+        hub: Any = QueueHub(workers)
+        options["control_hub"] = hub
+    else:
+        coordinator = options.pop("coordinator", None)
+        if coordinator is None:
+            from tokenflow.coordinator import Coordinator
+
+            coordinator = Coordinator()
+        options["report_to"] = coordinator.endpoint
+        hub = CoordinatorHub(coordinator)
+    return JobHandle(spec, workers, hub,
+                     lambda: execute(fn, workers=workers, runtime=runtime, spec=spec, **options))
+
+
+__all__ = ["JobHandle", "JobSpec", "job_name", "start"]

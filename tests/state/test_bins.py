@@ -1,0 +1,89 @@
+"""Bins and routing tables: even layouts, the fewest moves on a roster change, JSON form."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tokenflow.dataflow.routing import stable_hash
+from tokenflow.state.bins import RoutingTable, bins_of, check_bins
+
+
+def test_even_table_is_contiguous_and_balanced() -> None:
+    for workers in (1, 2, 3, 5, 7, 64):
+        table = RoutingTable.even(workers, 4096)
+        counts = list(table.counts().values())
+        assert max(counts) - min(counts) <= 1
+        assert (np.diff(table.owners) >= 0).all()  # contiguous ranges in worker order
+        assert table.roster == tuple(range(workers))
+
+
+def test_bins_are_the_top_bits_of_the_hash() -> None:
+    hashes = np.array([0, 1, 2**63, 2**64 - 1, 0x0123456789ABCDEF], dtype=np.uint64)
+    expected = [int(h) >> 52 for h in hashes.tolist()]
+    assert bins_of(hashes, 4096).tolist() == expected
+    assert bins_of(hashes, 1).tolist() == [0] * 5
+    table = RoutingTable.even(3)
+    assert table.routes(hashes).tolist() == [int(table.owners[b]) for b in expected]
+
+
+@pytest.mark.parametrize("bins", [0, 3, 100, 1 << 17, -4])
+def test_bad_bin_counts_are_refused(bins: int) -> None:
+    with pytest.raises(ValueError, match="power of two"):
+        check_bins(bins)
+
+
+@given(st.integers(1, 24), st.sampled_from([256, 1024, 4096]))
+def test_scale_out_by_one_moves_one_share(workers: int, bins: int) -> None:
+    old = RoutingTable.even(workers, bins)
+    new = old.rebalanced(range(workers + 1))
+    moved = old.moved(new)
+    assert len(moved) <= bins // (workers + 1) + 1
+    counts = list(new.counts().values())
+    assert max(counts) - min(counts) <= 1
+    assert (new.owners[moved] == workers).all()  # only the newcomer gains
+
+
+@given(st.integers(2, 24), st.data())
+def test_scale_in_moves_exactly_the_leaving_workers_bins(workers: int, data: st.DataObject) -> None:
+    old = RoutingTable.even(workers, 4096)
+    leaving = data.draw(st.integers(0, workers - 1))
+    new = old.rebalanced([w for w in range(workers) if w != leaving])
+    assert sorted(old.moved(new).tolist()) == old.owned_by(leaving).tolist()
+    counts = list(new.counts().values())
+    assert max(counts) - min(counts) <= 1
+
+
+@given(st.lists(st.sets(st.integers(0, 12), min_size=1, max_size=8), min_size=1, max_size=6))
+def test_any_sequence_of_rosters_stays_balanced_and_moves_the_minimum(rosters: list[set[int]]) -> None:
+    table = RoutingTable.even(2, 1024)
+    for roster in rosters:
+        new = table.rebalanced(roster)
+        assert set(new.counts()) == roster
+        counts = list(new.counts().values())
+        assert max(counts) - min(counts) <= 1
+        # the minimum: every kept worker that had at least its new share keeps exactly it
+        share = {w: c for w, c in new.counts().items()}
+        kept = sum(min(int((table.owners == w).sum()), share[w]) for w in roster)
+        assert len(table.moved(new)) == table.bins - kept
+        table = new
+
+
+def test_json_round_trip_and_malformed_documents() -> None:
+    table = RoutingTable.even(3).rebalanced([0, 1, 2, 7])
+    assert RoutingTable.from_json(table.to_json()) == table
+    for bad in ({}, {"bins": 4, "owners": [[0, 3]], "roster": [0]},
+                {"bins": 4, "owners": "x", "roster": [0]}):
+        with pytest.raises(ValueError, match="malformed routing table"):
+            RoutingTable.from_json(bad)
+    with pytest.raises(ValueError, match="not in the roster"):
+        RoutingTable([0, 1, 1, 0], roster=[0])
+
+
+def test_keys_spread_evenly_over_bins_and_workers() -> None:
+    keys = [f"word-{i}" for i in range(40_000)]
+    routes = RoutingTable.even(3).routes(stable_hash(keys))
+    shares = np.bincount(routes, minlength=3) / len(keys)
+    assert np.abs(shares - 1 / 3).max() < 0.02
