@@ -3,8 +3,8 @@
 Source: Spark Structured Streaming's file source (a directory is polled; each new file is read
 once; a file must appear atomically, by a move/rename, to be read whole); distributed-DBSP
 design, "Input" and "Scaling input" (positions recorded per input partition; partitions assigned
-to workers so that a restart at another worker count re-assigns them); DESIGN.md, "Sources,
-sinks and the control plane".
+to workers so that a restart at another worker count re-assigns them); docs/ARCHITECTURE.md,
+"Sources, sinks and the control plane".
 
 Protocol for writers: write a file under a hidden name (starting with ``.`` or ``_``, which the
 source never reads), then rename it to its final name in the same directory (``os.replace``,

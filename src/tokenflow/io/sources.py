@@ -4,8 +4,8 @@ pausing at an epoch boundary, and restarting from recorded positions at any work
 Sources: distributed-DBSP design, "Input" (every input has a position; the division of input
 into steps is durable and recorded), "Input/output synchronization" (a snapshot at step ``e``
 holds all the input before ``e`` and none after it) and "Scaling input" (Kafka-like partitions
-assigned to workers, so that a restart at another worker count re-assigns them); DESIGN.md,
-"Sources, sinks and the control plane"; Kafka's partition offsets and Spark Structured
+assigned to workers, so that a restart at another worker count re-assigns them);
+docs/ARCHITECTURE.md, "Sources, sinks and the control plane"; Kafka's partition offsets and Spark Structured
 Streaming's source offsets (a source is replayable when it can re-read from a recorded offset).
 
 Model:
