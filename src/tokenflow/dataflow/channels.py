@@ -34,7 +34,7 @@ class ChannelHost(Protocol):
 
     index: int
     peers: int
-    routing: RoutingTable
+    routing: RoutingTable | None
 
     def allocate(self, identifier: int, path: tuple[int, ...]) -> tuple[list[Push], Pull]: ...
 
@@ -106,8 +106,9 @@ class Pipeline:
 
 
 class ExchangePusher:
-    """Splits each batch by the route of its records (key -> bin -> owner in ``table``) and
-    pushes each part to its worker."""
+    """Splits each batch by the route of its records (key -> bin -> owner in ``table``; with
+    no table, ``routes_for`` over the pushers: a direct hash, kept for comparisons) and pushes
+    each part to its worker."""
 
     __slots__ = ("pushers", "key", "column", "router", "table")
 
@@ -116,8 +117,8 @@ class ExchangePusher:
         self.pushers = list(pushers)
         self.key = key
         self.column = column
-        self.table = table if table is not None else RoutingTable.even(len(self.pushers))
-        self.router = KeyRouter(key, self.table)
+        self.table = table
+        self.router = KeyRouter(key, table if table is not None else len(self.pushers))
 
     def push(self, message: Message) -> None:
         time, batch = message
@@ -150,7 +151,7 @@ class Exchange:
 
     def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
         pushers, puller = host.allocate(identifier, path)
-        return ExchangePusher(pushers, self.key, self.column, host.routing), puller
+        return ExchangePusher(pushers, self.key, self.column, getattr(host, "routing", None)), puller
 
 
 class BroadcastPusher:

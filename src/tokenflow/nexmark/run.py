@@ -162,7 +162,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
               report_to: tuple[str, int, str] | None = None,
-              input: str | os.PathLike[str] | None = None) -> QueryResult:
+              input: str | os.PathLike[str] | None = None, routing: str = "bins") -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -187,6 +187,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             ignored.  The driver reads and checks it first (``tokenflow.nexmark.files``); each
             worker reads it again and takes every ``workers``-th row of each kind, so on a
             cluster it must be a path all workers can read.
+        routing: ``"bins"`` (keyed exchanges through the job's routing table, the default) or
+            ``"direct"`` (a key's hash picks the worker directly, without bins: only for
+            measuring what the routing table costs).
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -208,6 +211,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         raise ValueError(f"workers must be >= 1, got {workers}")
     if master is not None and runtime != "spark":
         raise ValueError("master applies to runtime 'spark' only")
+    if routing not in ("bins", "direct"):
+        raise ValueError(f"routing must be 'bins' or 'direct', got {routing!r}")
     config = GeneratorConfig(rate=rate)
     source = None
     if input is not None:
@@ -232,6 +237,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         from tokenflow.spark.io import collect, to_parquet
 
         query = load_query(name)
+        if routing == "direct":
+            worker.routing = None
 
         def build(scope: Any) -> Any:
             handles, streams = {}, {}
