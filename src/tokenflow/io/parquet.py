@@ -389,7 +389,7 @@ class _Committer:
         try:
             self._recover(root)
         except OSError as error:
-            raise ParquetSinkError(f"operator {self.name!r}.Commit: cannot clean up {root} "
+            raise ParquetSinkError(f"operator {self.name + '.Commit'!r}: cannot clean up {root} "
                                    f"after an earlier run: {error}") from error
 
     def _recover(self, root: str) -> None:
@@ -415,15 +415,16 @@ class _Committer:
         try:
             document = _read_json(self.manifest_path)
         except ValueError as error:
-            raise ParquetSinkError(f"operator {self.name!r}.Commit: unreadable manifest "
+            raise ParquetSinkError(f"operator {self.name + '.Commit'!r}: unreadable manifest "
                                    f"{self.manifest_path}: {error} (remove it to start over)") from error
         if document is not None:
             if document.get("format") != FORMAT or document.get("partition") != self.partition:
                 raise ParquetSinkError(
-                    f"operator {self.name!r}.Commit: {self.manifest_path} is a dataset of format "
+                    f"operator {self.name + '.Commit'!r}: {self.manifest_path} is a dataset of format "
                     f"{document.get('format')!r} partitioned by {document.get('partition')!r}, "
                     f"not format {FORMAT} by {self.partition!r}; write elsewhere or remove it")
             self.epochs = dict(document.get("epochs", {}))
+            self.frontier = document.get("frontier")
         listed = {entry["dir"]: key for key, entry in self.epochs.items()}
         present = {e for e in os.listdir(root)
                    if e.startswith(prefix) and os.path.isdir(os.path.join(root, e))}
@@ -516,10 +517,13 @@ class _Committer:
             value = f if self.granularity is None else f - f % self.granularity
         else:
             value = [_json_value(t) for t in frontier]
-        if value != self.frontier:
-            self.frontier = value
+        # Written with the next commit or removal (a lower bound meanwhile), and at the end.
+        self.frontier = value
+        if value is None:
             self.dirty = True
-        doomed = []
+        doomed: list[str] = []
+        if not self.others:
+            return doomed
         for directory, v in list(self.others.items()):
             if directory in self.committed:
                 del self.others[directory]
@@ -740,7 +744,8 @@ def _read_epochs(root: str, manifest: dict[str, Any], columns: list[str] | None)
         table = pa.concat_tables(parts, promote_options="default")
         if partition in table.column_names:
             table = table.drop_columns([partition])
-        tables.append(table.append_column(partition, pa.array([values[i]] * table.num_rows, kind)))
+        value = str(values[i]) if kind == pa.string() else values[i]
+        tables.append(table.append_column(partition, pa.array([value] * table.num_rows, kind)))
     if not tables:
         names = [partition] if columns is None else list(columns)
         return pa.table({c: pa.array([], kind if c == partition else pa.null()) for c in names})
