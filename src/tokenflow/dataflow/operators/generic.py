@@ -32,12 +32,17 @@ class OperatorInfo:
     peers: int
     activate: Callable[[], None]
     """Ask to be scheduled again (e.g. a source with more to produce)."""
+    state: Callable[[str, Any], Any]
+    """``info.state(name, binned_state)`` declares the operator's state (a
+    ``tokenflow.dataflow.state.BinnedState``; see ``OperatorBuilder.state``) and returns it,
+    loaded with this worker's bins when the job is restored: call it in the constructor,
+    then mint tokens for its ``pending_times()``."""
 
 
 def _info(builder: OperatorBuilder) -> OperatorInfo:
     scope = builder.scope
     return OperatorInfo(builder.name, builder.index, scope.worker_index, scope.peers,
-                        builder.activator())
+                        builder.activator(), builder.state)
 
 
 def source(
