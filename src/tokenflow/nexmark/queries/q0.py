@@ -1,6 +1,6 @@
 """NEXMark Q0: pass-through of bids (measures the cost of the source and the framework).
 
-Source: docs/NEXMARK.md ("Queries": "Q0 pass-through of bids"); Beam's ``Query0``.
+Source: docs/NEXMARK.md ("Queries": Q0, pass-through of bids); Beam's ``Query0``.
 
 Output ``COLUMNS``: ``auction, bidder, price, dateTime, extra`` — every bid, unchanged (ids
 ``int64``, ``price`` in cents, ``dateTime`` in ms since the Unix epoch, ``extra`` ``utf8``).

@@ -1,6 +1,6 @@
 """NEXMark Q1: currency conversion of bid prices, ``price * 89 // 100``.
 
-Source: docs/NEXMARK.md ("Q1 price conversion ``price * 89 // 100``"); Beam's ``Query1``
+Source: docs/NEXMARK.md ("Queries": Q1, price conversion ``price * 89 // 100``); Beam's ``Query1``
 (dollars to euros, Java ``long`` arithmetic: ``price * 89 / 100``, equal to floor division for the
 generator's prices, which are positive).
 

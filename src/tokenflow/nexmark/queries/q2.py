@@ -1,6 +1,6 @@
 """NEXMark Q2: selection, the bids on every ``auction_skip``-th auction (``auction % 123 == 0``).
 
-Source: docs/NEXMARK.md ("Q2 ``auction % 123 == 0``"); Beam's ``Query2``.  The modulus is
+Source: docs/NEXMARK.md ("Queries": Q2, ``auction % 123 == 0``); Beam's ``Query2``.  The modulus is
 ``config.auction_skip`` (default 123, the value ``SPARK_SQL`` uses).
 
 Output ``COLUMNS``: ``auction, price`` (``int64``; ``price`` in cents).  Logical time: the time

@@ -1,7 +1,7 @@
 """NEXMark Q3: local item suggestion — auctions in category 10 by sellers in OR, ID or CA.
 
-Source: docs/NEXMARK.md ("Q3 auctions in category 10 joined with sellers whose state is
-OR, ID or CA → (name, city, state, auction id)"); Beam's ``Query3``.
+Source: docs/NEXMARK.md ("Queries": Q3, auctions in category 10 joined with sellers whose
+state is OR, ID or CA → (name, city, state, auction id)); Beam's ``Query3``.
 
 Output ``COLUMNS``: ``name, city, state, id`` — the seller's name, city and state (``utf8``) and
 the auction's ``id`` (``int64``), one row per matching auction.

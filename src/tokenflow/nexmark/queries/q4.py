@@ -1,10 +1,11 @@
 """NEXMark Q4, average closing price per category (running average, as Megaphone does).
 
-Source: docs/NEXMARK.md ("Q4 average closing price per category: an auction closes at ``expires``;
-its winning bid is the highest bid with ``price >= reserve`` and ``auction.dateTime <=
-bid.dateTime < expires``"); the timestamp-tokens paper §6.3 (Megaphone's Q4: a data-dependent
-closing time per auction, scheduled with held tokens) and §7.4 ("Q4 has a two-stage dataflow
-where one of the operators handles tokens to calculate a data-dependent windowed maximum").
+Source: docs/NEXMARK.md ("Queries": Q4, average closing price per category: an auction closes at
+``expires``; its winning bid is the highest bid with ``price >= reserve`` and
+``auction.dateTime <= bid.dateTime < expires``); the timestamp-tokens paper §6.3 (Megaphone's
+Q4: a data-dependent closing time per auction, scheduled with held tokens) and §7.4 ("Q4 has a
+two-stage dataflow where one of the operators handles tokens to calculate a data-dependent
+windowed maximum").
 
 Variant: the *running* average.  Every time a category receives winning prices, one row
 ``(category, avg_price, time)`` with the average of all winning prices of the category closed so

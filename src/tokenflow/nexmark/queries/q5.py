@@ -1,7 +1,7 @@
 """NEXMark Q5, hot items: per sliding window (10 s, every 5 s), the auctions with the most bids.
 
-Source: docs/NEXMARK.md ("Q5 hot items: bids per auction in sliding windows (size 10 s, slide 5 s);
-auctions with the maximum count"); the timestamp-tokens paper §5 (one token per open window,
+Source: docs/NEXMARK.md ("Queries": Q5, hot items: bids per auction in sliding windows of 10 s
+every 5 s; the auctions with the maximum count); the timestamp-tokens paper §5 (one token per open window,
 windows retired in order once the frontier passes their end) and §6.3.
 
 Output columns (``COLUMNS``): ``window_start``, ``window_end`` (ms since the Unix epoch;

@@ -1,6 +1,7 @@
 """NEXMark Q7, highest bid: per tumbling 10 s window, every bid with the window's maximum price.
 
-Source: docs/NEXMARK.md ("Q7 highest bid per tumbling 10 s window (all bids with the max price)");
+Source: docs/NEXMARK.md ("Queries": Q7, highest bid per tumbling 10 s window, all bids with the
+maximum price);
 the timestamp-tokens paper §7.4 ("Q7 has two stateful operators with two consecutive data
 exchanges") and §5 (one token per open window, retired when the frontier passes its end).
 

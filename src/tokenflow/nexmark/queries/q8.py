@@ -1,8 +1,8 @@
 """NEXMark Q8: monitor new users — persons who registered and created an auction in the same
 tumbling 10 s window.
 
-Source: docs/NEXMARK.md ("Q8 persons who created auctions in the same tumbling 10 s
-window → (id, name, window start)"); Beam's ``Query8``.
+Source: docs/NEXMARK.md ("Queries": Q8, persons who created auctions in the same tumbling 10 s
+window → (id, name, window start)); Beam's ``Query8``.
 
 Output ``COLUMNS``: ``window_start, window_end, id, name`` — distinct rows; ``window_start`` and
 ``window_end`` in ms since the Unix epoch (``int64``), the window being
