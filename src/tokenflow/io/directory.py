@@ -191,7 +191,8 @@ class _DirectoryReader(_Reader):
         if self.end_marker is not None and self.end_marker in names:
             names = self._list()  # sees every file renamed into place before the marker
             self.ending = True
-        new = sorted(n for n in names if _visible(n) and n not in self.taken)
+        new = sorted(n for n in names
+                     if _visible(n) and n != self.end_marker and n not in self.taken)
         floor = self.tokens[0].time if self.tokens else 0
         epoch = max(current, floor)
         for name in self._owned(new):

@@ -40,6 +40,7 @@ from __future__ import annotations
 import heapq
 import os
 import threading
+import time as clock
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -423,8 +424,6 @@ class _Waker:
             self._cond.notify()
 
     def _run(self) -> None:
-        import time as clock
-
         with self._cond:
             while not self._closed:
                 if self._deadline is None:
@@ -469,7 +468,7 @@ class _Reader:
         self.epochs: dict[int, dict[str, tuple[int, int]]] = {}
         self._unfired: list[int] = []  # heap of recorded times not yet reported complete
         self._unfired_set: set[int] = set()
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()
         self.pause: int | None = pause_at
         self.paused = False
         self.closed = False
@@ -630,30 +629,40 @@ class _Reader:
             if low is None:
                 self._finish()
                 return
+            # Under the lock from reading the pause to emitting: a pause_at from another
+            # thread waits for the round, then sees what it emitted.
             with self.lock:
-                pause = self.pause
-            if pause is not None and low >= pause:
-                self._advance(low)
-                with self.lock:
-                    self.paused = self.pause == pause
-                if not self.paused:
-                    self.activate()  # the pause changed meanwhile
-                return
-            floor = self.tokens[0].time
-            if low < floor:
-                raise self._late(next(st for st in live if st.logical[st.cursor] == low), floor)  # type: ignore[index]
-            self._advance(low)
-            if not live:
-                self._idle()
-                return
+                if not self._round(live, low, outputs):
+                    return
+                emitted += self._emit(live, self._cutoff(live), outputs)
             if emitted >= self.max_rows:
                 self.activate()
                 return
-            horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
-            cutoff = horizon + self.granularity  # every buffered row before it may go out
-            if pause is not None:
-                cutoff = min(cutoff, pause)
-            emitted += self._emit(live, cutoff, outputs)
+
+    def _round(self, live: list[_State], low: int, outputs: list[Any]) -> bool:
+        """Move the token to ``low`` (the least time still to come); False when the round
+        must not emit (paused at or before ``low``, or waiting for splits to appear)."""
+        pause = self.pause
+        if pause is not None and low >= pause:
+            self._advance(low)
+            self.paused = True
+            return False
+        self.paused = False
+        floor = self.tokens[0].time
+        if low < floor:
+            raise self._late(next(st for st in live if st.logical[st.cursor] == low), floor)  # type: ignore[index]
+        self._advance(low)
+        if not live:
+            self._idle()
+            return False
+        return True
+
+    def _cutoff(self, live: list[_State]) -> int:
+        """Rows with times before the cutoff may all be sent now: every buffered row up to the
+        least logical time at which some split's buffer ends, and none at or after a pause."""
+        horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
+        cutoff = horizon + self.granularity
+        return cutoff if self.pause is None else min(cutoff, self.pause)
 
     def _emit(self, live: list[_State], cutoff: int, outputs: list[Any]) -> int:
         """Send every buffered row with time ``< cutoff``, merged across splits in logical-time
@@ -721,8 +730,11 @@ def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
 class SourceHandle:
     """Worker-side control of one worker's share of a replayable source.
 
-    Use it from the worker function (the thread that steps the worker); the pause methods may
-    also be called from another thread.
+    Use it from the worker function (the thread that steps the worker); ``pause_at``,
+    ``resume`` and ``close`` may also be called from another thread (a pause waits for the
+    read round in progress, then applies to what follows it).  A handle does not pickle: on
+    the ``process`` and ``spark`` runtimes return ``positions()`` / ``epochs`` from the worker
+    function, not the handle.
     """
 
     def __init__(self, reader: _Reader) -> None:
