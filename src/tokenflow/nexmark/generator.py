@@ -153,7 +153,7 @@ def last_base0_person_id(event_id: np.ndarray) -> np.ndarray:
 
 
 def last_base0_auction_id(event_id: np.ndarray) -> np.ndarray:
-    """The last auction id (base 0) created at or before ``event_id`` (docs/NEXMARK.md formula)."""
+    """The last auction id (base 0) created at or before ``event_id`` (Beam's ``lastBase0AuctionId``)."""
     epoch, off = np.divmod(event_id, PROPORTION_DENOMINATOR)
     person = off < PERSON_PROPORTION
     epoch = epoch - person
