@@ -1,10 +1,10 @@
 """A committing Parquet sink: ``to_parquet``, and readers that honour its manifest.
 
-Source: distributed-DBSP design, "Output" (output is produced per step, and producing a step
-again must not duplicate it), and the project design's "Sources, sinks and the control plane"
-(sinks commit per epoch, the manifest is written last, files are renamed into place and named
-independently of the number of workers W).  Runtime-neutral: pyarrow and the dataflow layer
-only, no pyspark.
+Source: distributed-DBSP design, "Output" (output is produced per step; producing a step again,
+e.g. after a failure, must not duplicate it).  Here a step is an epoch: each epoch is committed
+whole, by renaming, with its files named independently of the number of workers W, and the
+dataset manifest is written after the epoch directories it lists.  Runtime-neutral: pyarrow and
+the dataflow layer only, no pyspark.
 
 Protocol (one dataset directory ``path``; ``<p>`` is the partition column name, ``<b>`` an
 epoch, or with ``granularity`` the first time of a bin ``[b, b + granularity)``)::
@@ -510,6 +510,7 @@ class _Committer:
         """Note the committer's input frontier; returns the directories of earlier runs to
         remove now (epochs the frontier has passed that this run wrote nothing for, or all of
         them once the stream has ended), already dropped from the manifest."""
+        value: Any
         if not frontier:
             value = None
         elif len(frontier) == 1 and isinstance(frontier[0], int) and not isinstance(frontier[0], bool):
