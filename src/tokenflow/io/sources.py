@@ -632,14 +632,14 @@ class _Reader:
             # Under the lock from reading the pause to emitting: a pause_at from another
             # thread waits for the round, then sees what it emitted.
             with self.lock:
-                if not self._round(live, low, outputs):
+                if not self._round(live, low):
                     return
                 emitted += self._emit(live, self._cutoff(live), outputs)
             if emitted >= self.max_rows:
                 self.activate()
                 return
 
-    def _round(self, live: list[_State], low: int, outputs: list[Any]) -> bool:
+    def _round(self, live: list[_State], low: int) -> bool:
         """Move the token to ``low`` (the least time still to come); False when the round
         must not emit (paused at or before ``low``, or waiting for splits to appear)."""
         pause = self.pause
