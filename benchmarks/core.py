@@ -1,4 +1,4 @@
-"""Core benchmark (issue: coordination core): writes ``benchmarks/results/core.md``.
+"""Benchmark of the coordination core (tokens, progress, channels): writes ``benchmarks/results/core.md``.
 
 1. Word count on the ``thread`` runtime (2 workers) next to a plain-Python loop doing the same
    counting, measured side by side in one run (the machine is shared, so only ratios mean
