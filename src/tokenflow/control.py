@@ -15,9 +15,10 @@ with a ``"kind"``.
 Commands (driver -> workers) and replies (workers -> driver):
 
 ``hold``
-    every source of the worker pauses at once at its *safe point* (the least epoch after
-    everything it has emitted); reply ``held`` with ``point`` (the greatest such epoch of the
-    worker's sources, or None without sources).
+    every source of the worker pauses at once at its *safe point* (the least epoch boundary
+    after everything it has emitted); reply ``held`` with ``point`` (the greatest such epoch
+    of the worker's sources, or None without sources) and ``granularity`` (the least common
+    multiple of its sources' epoch lengths: the common pause epoch must be a boundary of all).
 ``pause_at`` ``epoch``
     sources emit everything before ``epoch`` and nothing at or after it; the worker then
     steps until its sources hold at ``epoch`` and it has nothing to do, and replies ``idle``
@@ -42,6 +43,7 @@ written hold the effect of every record before the pause epoch and of none at or
 
 from __future__ import annotations
 
+import math
 import queue
 import time
 from collections.abc import Callable, Iterable
@@ -141,19 +143,6 @@ class CoordinatorHub:
             return None
 
 
-def safe_point(source: Any) -> int | None:
-    """The least epoch a source can pause at right now: one after the latest time it has
-    emitted, or its token's time when it has emitted nothing at or after it (None when the
-    source has ended)."""
-    frontier = source.frontier
-    emitted = source.emitted
-    if frontier is None:
-        return None if emitted is None else emitted + 1
-    if emitted is not None and emitted >= frontier:
-        return emitted + 1
-    return int(frontier)
-
-
 class ControlAgent:
     """The worker side of the control protocol, run after every step (``Worker.on_step``).
 
@@ -201,14 +190,15 @@ class ControlAgent:
         without a step in between), or None."""
         kind = message.get("kind")
         if kind == "hold":
-            points = []
+            points, step = [], 1
             for source in self._sources(worker):
-                point = safe_point(source)
+                point = source.safe_point()
+                step = math.lcm(step, int(source.granularity))
                 if point is not None:
                     source.pause_at(point)
                     points.append(point)
             self.link.send({"kind": "held", "worker": worker.index,
-                            "point": max(points) if points else None})
+                            "point": max(points) if points else None, "granularity": step})
         elif kind == "pause_at":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
@@ -274,8 +264,10 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     for w in workers:
         hub.send(w, {"kind": "hold"})
     held = _gather(hub, "held", workers, timeout)
-    points = [r["point"] for r in held.values() if r.get("point") is not None]
+    points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
+    step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
+    epoch = -(-epoch // step) * step  # a boundary of every source's granularity
     if on_epoch is not None:
         on_epoch(epoch)
     for w in workers:
@@ -300,4 +292,4 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
 
 
 __all__ = ["ControlAgent", "ControlError", "CoordinatorHub", "Hub", "Link", "QueueHub", "QueueLink",
-           "safe_point", "take_snapshot"]
+           "take_snapshot"]

@@ -121,10 +121,10 @@ class Worker:
         if self.restore is not None:
             state.load(self.restore.read(key, owned.tolist()))
 
-    def register_source(self, key: str, handle: Any) -> dict[str, int] | None:
-        """Declare a replayable source (its ``SourceHandle``) under a stable ``key``; returns
-        the positions to restart it from when restoring (the union of every old worker's
-        recorded positions of that key), else None.
+    def register_source(self, key: str, handle: Any) -> None:
+        """Declare a replayable source (its ``SourceHandle``: ``pause_at``, ``resume``,
+        ``paused``, ``positions``, ``safe_point``, ``close``) under a stable ``key``, so the
+        control plane can pause it and snapshots record its positions.
 
         Raises:
             ValueError: ``key`` is already declared.
@@ -132,16 +132,25 @@ class Worker:
         if key in self.sources:
             raise ValueError(f"worker {self.index}: source {key!r} declared twice")
         self.sources[key] = handle
+
+    def restored_positions(self, key: str) -> tuple[dict[str, int], int] | None:
+        """When restoring: the positions to restart source ``key`` from (the union of every
+        old worker's recorded positions of that key: split key -> offset) and the snapshot's
+        epoch, where the source starts; None otherwise."""
         if self.restore is None:
             return None
         positions: dict[str, int] = {}
         for w in self.restore.workers:
             positions.update(self.restore.worker_meta(w).get("sources", {}).get(key, {}))
-        return positions
+        return positions, int(self.restore.epoch)
 
     def stop(self) -> None:
-        """End every dataflow of this worker now (after a snapshot, when the job stops); its
-        ``step`` then returns False."""
+        """End every dataflow of this worker now (after a snapshot, when the job stops): its
+        sources are closed and ``step`` returns False."""
+        for handle in self.sources.values():
+            close = getattr(handle, "close", None)
+            if close is not None:
+                close()
         self._dataflows.clear()
 
     def export_states(self, bins: Any = None) -> dict[str, dict[int, Any]]:

@@ -9,7 +9,8 @@
   out-of-order rows within ``lateness`` are accepted, beyond it rejected — whatever the batch
   boundaries; a null time, a string time column, unsorted input without lateness, a time before
   the first epoch.
-* ``to_parquet`` writes ``path/time=<t>/worker-<i>.parquet`` for each (epoch, worker) with data,
+* ``to_parquet`` commits ``path/time=<t>/part-<k>.parquet`` for each epoch with data (names
+  independent of the worker count),
   leaves no ``.tmp`` files, and ``spark.read.parquet(path)`` reads back exactly the input rows;
   re-running the job into the same path replaces the files instead of duplicating rows.
 
@@ -324,14 +325,16 @@ def test_null_time_fails_the_spark_job_naming_column_and_row(request: pytest.Fix
 # -- to_parquet -------------------------------------------------------------------------------
 
 
-def _files(root: Path) -> dict[tuple[int, int], Path]:
-    out = {}
+def _files(root: Path) -> dict[int, list[str]]:
+    """Committed epoch -> its part file names (W-independent: ``part-NNNNN.parquet``)."""
+    out: dict[int, list[str]] = {}
     for f in root.rglob("*.parquet"):
+        if any(p.name.startswith(("_", ".")) for p in f.relative_to(root).parents if p.name):
+            continue  # staging and hidden files are not part of the dataset
         t = re.fullmatch(r"time=(-?\d+)", f.parent.name)
-        w = re.fullmatch(r"worker-(\d+)\.parquet", f.name)
-        assert t and w and f.parent.parent == root, f
-        out[int(t.group(1)), int(w.group(1))] = f
-    return out
+        assert t and re.fullmatch(r"part-\d{5}\.parquet", f.name) and f.parent.parent == root, f
+        out.setdefault(int(t.group(1)), []).append(f.name)
+    return {t: sorted(names) for t, names in out.items()}
 
 
 @pytest.mark.spark
@@ -349,13 +352,12 @@ def test_to_parquet_one_file_per_epoch_and_worker_readable_by_spark(
         caps = run(parquet_job(str(root)), runtime, 2, {"events": events}, {"events": "t"}, request)
 
         files = _files(root)
-        written = {(t, w) for w, cap in enumerate(caps) for t in cap.by_time()}
-        assert set(files) == written
-        assert {t for t, _ in files} == set(events["t"].tolist())
+        assert set(files) == set(events["t"].tolist())
         assert [p for p in root.rglob("*") if ".tmp" in p.name] == []
-        for (t, w), path in files.items():  # each file holds that worker's rows of that epoch
-            ids = sorted(pq.read_table(path).column("id").to_pylist())
-            assert ids == sorted(r["id"] for r in caps[w].by_time()[t]), (t, w)
+        for t, names in files.items():  # each epoch holds exactly the rows of that epoch
+            ids = sorted(i for n in names for i in pq.read_table(root / f"time={t}" / n)
+                         .column("id").to_pylist())
+            assert ids == sorted(r["id"] for cap in caps for r in cap.by_time().get(t, [])), t
 
         back = spark.read.parquet(str(root))
         assert set(back.columns) == {*COLUMNS, "time"}
@@ -366,8 +368,8 @@ def test_to_parquet_one_file_per_epoch_and_worker_readable_by_spark(
 
 
 def test_to_parquet_granularity_groups_times_into_epoch_bins(tmp_path: Path) -> None:
-    """With ``granularity=4`` times 0..9 land in ``epoch=0``, ``epoch=4``, ``epoch=8``, one file
-    per (bin, worker) holding exactly that worker's rows of the bin's times."""
+    """With ``granularity=4`` times 0..9 land in ``epoch=0``, ``epoch=4``, ``epoch=8``, each
+    holding exactly the rows of the bin's times."""
     events = pd.DataFrame({"id": np.arange(40), "t": np.arange(40) % 10,
                            "value": np.arange(40) * 1.5, "name": [f"n{i}" for i in range(40)]})
     root = tmp_path / "binned"
@@ -383,19 +385,19 @@ def test_to_parquet_granularity_groups_times_into_epoch_bins(tmp_path: Path) -> 
     caps = execute(job, workers=2, runtime="thread",
                    inputs={"events": pa.Table.from_pandas(events, preserve_index=False)},
                    sort_by={"events": "t"})
-    files = sorted(root.rglob("*.parquet"))
-    seen = Counter()
-    for f in files:
-        b = int(re.fullmatch(r"epoch=(\d+)", f.parent.name).group(1))  # type: ignore[union-attr]
-        w = int(re.fullmatch(r"worker-(\d+)\.parquet", f.name).group(1))  # type: ignore[union-attr]
-        table = pq.read_table(f)
+    seen: Counter[int] = Counter()
+    bins = set()
+    for directory in root.glob("epoch=*"):
+        b = int(directory.name.split("=")[1])
+        bins.add(b)
+        table = pq.read_table(directory)
         ids = sorted(table.column("id").to_pylist())
-        expected = sorted(r["id"] for t, rows in caps[w].by_time().items() if t - t % 4 == b
-                          for r in rows)
-        assert ids == expected, (b, w)
+        expected = sorted(r["id"] for cap in caps for t, rows in cap.by_time().items()
+                          if t - t % 4 == b for r in rows)
+        assert ids == expected, b
         assert all(b <= t < b + 4 for t in table.column("t").to_pylist())
         seen.update(ids)
-    assert {int(f.parent.name.split("=")[1]) for f in files} == {0, 4, 8}
+    assert bins == {0, 4, 8}
     assert seen == Counter(range(40))  # every row once
 
 

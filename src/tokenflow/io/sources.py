@@ -52,8 +52,8 @@ import pyarrow.parquet as pq
 
 from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.routing import column_routes
+from tokenflow.io.times import InputError, event_times
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, event_kinds, generate
-from tokenflow.spark.io import InputError, event_times
 
 DEFAULT_HISTORY = 4096
 """Logical times whose offset ranges a ``SourceHandle`` keeps in ``epochs``."""

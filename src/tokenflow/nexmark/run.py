@@ -25,7 +25,6 @@ between epochs, so a worker busy generating its next chunk records a passing lat
 from __future__ import annotations
 
 import os
-import shutil
 import tempfile
 import time
 from collections import deque
@@ -150,14 +149,6 @@ def _epoch_slices(data: dict[str, pa.RecordBatch], epochs: list[tuple[int, int, 
         yield t, {kind: data[kind].slice(int(c[i]), int(c[i + 1] - c[i])) for kind, c in cuts.items()}
 
 
-def _clear_output(directory: str) -> None:
-    """Remove the ``epoch=*`` partitions of an earlier run from ``directory``."""
-    for entry in os.listdir(directory):
-        path = os.path.join(directory, entry)
-        if entry.startswith("epoch=") and os.path.isdir(path):
-            shutil.rmtree(path)
-
-
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
@@ -174,10 +165,12 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         workers: number of workers.
         runtime: ``thread``, ``process`` or ``spark``.
         master: Spark master URL (``spark`` only; default ``local[workers]``).
-        output: a directory; when given, the workers write the output as a Parquet dataset
-            ``output/epoch=<t>/worker-<i>.parquet`` (``tokenflow.spark.to_parquet``; ``epoch``
-            is the logical time of the rows rounded down to a multiple of ``granularity_ms``,
-            ms; partitions of an earlier run are removed first).
+        output: a directory; when given, the workers write the output as a committed Parquet
+            dataset ``output/epoch=<t>/part-<k>.parquet`` (``tokenflow.io.to_parquet``;
+            ``epoch`` is the logical time of the rows rounded down to a multiple of
+            ``granularity_ms``, ms); each epoch replaces the same epoch of an earlier run whole,
+            and epochs this run did not write are removed when it ends; read it with
+            ``tokenflow.io.read_committed``.
         granularity_ms: epoch length in ms of event time (the input's logical times are
             ``dateTime`` rounded down to a multiple of it).
         lag: epochs a worker may have in flight (>= 1).
@@ -230,7 +223,6 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     if output is not None:
         directory = os.path.abspath(os.fspath(output))
         os.makedirs(directory, exist_ok=True)
-        _clear_output(directory)
 
     def job(worker: Any) -> dict[str, Any]:
         from tokenflow.nexmark.queries import load as load_query
