@@ -1,6 +1,6 @@
 """``execute``: run a worker function on W workers.
 
-Source: DESIGN.md ("Execution model"); timely's ``execute.rs``.  ``fn(worker)`` builds
+Source: docs/ARCHITECTURE.md ("Execution model"); timely's ``execute.rs``.  ``fn(worker)`` builds
 dataflows and drives their inputs; after it returns, the worker keeps stepping until its
 dataflows complete.  Returns the per-worker results in worker order.
 """

@@ -1,4 +1,4 @@
-"""``Worker``: builds dataflows and steps them (layer 5 of DESIGN.md).
+"""``Worker``: builds dataflows and steps them (layer 5 of docs/ARCHITECTURE.md).
 
 Source: timely's ``worker.rs``.  Every worker of a job builds the same dataflows in the same
 order, so channel identifiers agree across workers.  ``step()`` pulls in arrived messages,

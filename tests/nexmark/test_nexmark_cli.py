@@ -1,6 +1,6 @@
 """``tokenflow nexmark generate`` and ``tokenflow nexmark query`` (the typer app in-process).
 
-Expected values come from the spec (/work/shared/NEXMARK.md): Beam's field names, the 1:3:46
+Expected values come from the spec (docs/NEXMARK.md): Beam's field names, the 1:3:46
 proportions, event times ``base + n * 1000 // rate`` ms, Q1's ``price * 89 // 100``.
 """
 

@@ -1,6 +1,6 @@
 """Channels and pacts: how messages ``(time, batch)`` move from an output to an input.
 
-Source: DESIGN.md ("Data plane"); timely's ``dataflow/channels``.  A *batch* is a Python
+Source: docs/ARCHITECTURE.md ("Data plane"); timely's ``dataflow/channels``.  A *batch* is a Python
 ``list`` of records or a ``pyarrow.RecordBatch``; its size (``len``) is what progress tracking
 counts.  A *pact* (parallelization contract) says where each record of a batch goes:
 ``Pipeline`` keeps it on this worker, ``Exchange`` routes it to the worker chosen by a stable

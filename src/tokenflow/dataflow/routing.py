@@ -1,6 +1,6 @@
 """Stable, vectorized routing of batch records to workers (the exchange pact's hash).
 
-Source: DESIGN.md ("Data plane": "Exchange routes by a stable hash, never Python's salted
+Source: docs/ARCHITECTURE.md ("Data plane": "Exchange routes by a stable hash, never Python's salted
 ``hash()`` of str").  The hash is defined here, the same in every process, on every runtime and
 for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
 

@@ -1,6 +1,6 @@
 """Run a NEXMark query as a tokenflow job, measure it, and compute its Spark SQL reference.
 
-Source: /work/shared/NEXMARK.md (generator, queries, the published events/s anchors);
+Source: docs/NEXMARK.md (generator, queries, the published events/s anchors);
 ``tokenflow.nexmark.queries`` (the query modules).
 
 ``run_query`` drives three ``InputHandle``s (person, auction, bid) per worker, one *epoch* of

@@ -1,6 +1,6 @@
 """The generic operator builder: any number of inputs and outputs, logic built on tokens.
 
-Source: timestamp-tokens-paper.md §4 (sessions guarded by tokens, refs valid for one
+Source: the timestamp-tokens paper §4 (sessions guarded by tokens, refs valid for one
 invocation), §5 (example operator); timely's ``dataflow/operators/generic/builder_rc.rs``.
 
 Usage::
