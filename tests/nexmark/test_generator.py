@@ -1,6 +1,6 @@
 """``tokenflow.nexmark`` generator and source against independent expectations.
 
-* ``ref_event``: a plain scalar re-implementation of NEXMARK.md's draws (one ``RefRandom`` —
+* ``ref_event``: a plain scalar re-implementation of docs/NEXMARK.md's draws (one ``RefRandom`` —
   java.util.Random transcribed here — per event), compared field by field with the vectorized
   generator on the first 500 events, a window at event 1,000,000 and a non-default config.
 * Literal events and SHA-256 digests of 100,000+ events printed by a throwaway Java 17
@@ -154,7 +154,7 @@ def ref_time(n: int, rate: int, base: int = BASE_TIME_MS) -> int:
 
 
 def ref_event(n: int, rate: int = 10_000, first_event_id: int = 0) -> tuple[str, dict]:
-    """Event number ``n`` per NEXMARK.md, as (kind, Beam-named fields)."""
+    """Event number ``n`` per docs/NEXMARK.md, as (kind, Beam-named fields)."""
     event_id = first_event_id + n
     r = RefRandom(event_id)
     t = ref_time(n, rate)
