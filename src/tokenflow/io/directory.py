@@ -73,6 +73,7 @@ from tokenflow.io.sources import (
     _Reader,
     _State,
     _Waker,
+    restored,
 )
 from tokenflow.state.bins import RoutingTable
 
@@ -259,6 +260,7 @@ def directory_source(scope: Any, name: str, path: str, format: str = "parquet",
         InputError (at run time): with ``time``, a file not sorted by it or holding a row before
             the source's frontier (naming source, file, column, row and value).
     """
+    positions, start = restored(scope, name, positions, start)
     reader = _DirectoryReader(scope, name, os.fspath(path), format, time, poll, end_marker,
                               granularity, positions, start, pause_at, max_rows, history,
                               on_epoch, schema)

@@ -800,6 +800,23 @@ class SourceHandle:
         r.activate()
 
     @property
+    def granularity(self) -> int:
+        """The source's epoch length: its logical times are multiples of it."""
+        return int(self._reader.granularity)
+
+    def safe_point(self) -> int | None:
+        """The least epoch this source can pause at right now: the first multiple of the
+        granularity after the latest time it has emitted, or its token's time when it has
+        emitted nothing at or after it; None once it has ended having emitted nothing."""
+        r = self._reader
+        with r.lock:
+            frontier, emitted, g = r.frontier(), r.max_emitted, r.granularity
+        after = None if emitted is None else (emitted // g + 1) * g
+        if frontier is None:
+            return after
+        return after if after is not None and after > frontier else int(frontier)
+
+    @property
     def paused(self) -> bool:
         """True once a pause at ``e`` is in effect: everything before ``e`` is emitted and the
         source holds its token at ``e`` or later (or has ended)."""
@@ -816,8 +833,29 @@ class SourceHandle:
         return self._reader.frontier()
 
 
+def source_key(scope: Any, name: str) -> str:
+    """The stable key of source ``name`` in ``scope`` (its scope path and name): under it the
+    worker records the source's positions in a snapshot and finds them on restore."""
+    return f"{'.'.join(map(str, scope.path))}/{name}"
+
+
+def restored(scope: Any, name: str, positions: Mapping[str, int] | None,
+             start: int | None) -> tuple[Mapping[str, int] | None, int | None]:
+    """``(positions, start)`` for a source: those given, or, when the worker restores a
+    snapshot and none were given, the positions the snapshot recorded for this source (the
+    union over the old workers) and the snapshot's epoch."""
+    lookup = getattr(scope.worker, "restored_positions", None)
+    if positions is not None or lookup is None:
+        return positions, start
+    found = lookup(source_key(scope, name))
+    if found is None:
+        return positions, start
+    return found
+
+
 def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
-    """Add ``reader``'s operator to ``scope``; returns its streams (one per output)."""
+    """Add ``reader``'s operator to ``scope`` and register its handle with the worker (see
+    ``source_key``); returns its streams (one per output)."""
     builder = OperatorBuilder(reader.name, scope, notify=False)
     ports = [builder.new_output() for _ in reader.outputs]
     reader.activate = builder.activator()
@@ -836,7 +874,11 @@ def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
         return logic
 
     builder.build(constructor)
-    return [p[1] for p in ports], SourceHandle(reader)
+    handle = SourceHandle(reader)
+    register = getattr(scope.worker, "register_source", None)
+    if register is not None:
+        register(source_key(scope, reader.name), handle)
+    return [p[1] for p in ports], handle
 
 
 def _static_reader(scope: Any, name: str, splits: Sequence[Split], outputs: tuple[str, ...],
@@ -893,6 +935,7 @@ def replayable_source(scope: Any, name: str, splits: Sequence[Split], time: str,
     """
     if splits and isinstance(splits[0], MultiSplit):
         raise TypeError(f"{name}: splits with several outputs go to replayable_streams")
+    positions, start = restored(scope, name, positions, start)
     reader = _static_reader(scope, name, splits, ("out",), time, granularity, positions, start,
                             pause_at, max_rows, history, on_epoch)
     streams, handle = _build(scope, reader)
@@ -915,6 +958,7 @@ def replayable_streams(scope: Any, name: str, splits: Sequence[MultiSplit], time
     for s in splits:
         if s.outputs != outputs:
             raise ValueError(f"{name}: split {s.key!r} has outputs {s.outputs}, not {outputs}")
+    positions, start = restored(scope, name, positions, start)
     reader = _static_reader(scope, name, splits, tuple(outputs), time, granularity, positions,
                             start, pause_at, max_rows, history, on_epoch)
     streams, handle = _build(scope, reader)
@@ -939,6 +983,6 @@ def nexmark_streams(scope: Any, events: int, config: GeneratorConfig | None = No
 __all__ = [
     "DEFAULT_HISTORY", "InputError", "MultiSplit", "NexmarkSplit", "OnEpoch", "ParquetSplit",
     "Parts", "SourceHandle", "Split", "TableSplit", "assign_splits", "nexmark_splits",
-    "nexmark_streams", "parquet_splits", "replayable_source", "replayable_streams",
-    "table_splits",
+    "nexmark_streams", "parquet_splits", "replayable_source", "replayable_streams", "restored",
+    "source_key", "table_splits",
 ]
