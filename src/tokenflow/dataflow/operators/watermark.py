@@ -29,14 +29,33 @@ Design (one stream, watermarks in band):
   operator is invoked on every watermark and must re-emit it, at every stage of a dataflow.
 
 Times are ``int`` event-time units; a ``Watermark(w, ·)`` record is always sent at time ``w``.
+
+State (Megaphone, Hoffmann et al., VLDB 2019: declared per bin so that the system can snapshot
+it and restore it at another worker count): every operator declares what it keeps between
+invocations with ``OperatorInfo.state``:
+
+- ``"watermark"``: a worker-local ``LocalState`` — ``assign_watermarks``' held output
+  watermark (an ``int``), or a consumer's ``WatermarkTracker`` (latest watermark per upstream
+  worker, its minimum; the output-watermark token is held at that minimum).  Its
+  ``pending_times()`` is the held token's time; parts of several old workers merge to the
+  minimum (watermarks are lower bounds, so a lower one is always safe).  A restored consumer
+  restarts every upstream worker at the restored minimum when the worker count changed.
+- ``"windows"`` (``tumbling_watermark``): the open windows — worker-local (``open_windows``)
+  when data is pipelined, ``KeyedWindows`` (per bin of ``key(record)``, the bin the
+  ``WatermarkPact`` routes the record by) when exchanged by ``key``.  These windows hold no
+  tokens of their own: the output-watermark token, at or before every open window's end,
+  covers their output.
 """
 
 from __future__ import annotations
 
 import heapq
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pyarrow as pa
 
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.channels import ChannelHost, Message, Pull, Push
@@ -44,12 +63,17 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
 from tokenflow.dataflow.operators.window import (
     Reduce,
+    Windows,
     call_reduce,
     check_int_time,
     check_window_sizes,
+    merge_windows,
+    open_windows,
     rows,
 )
-from tokenflow.dataflow.routing import partition_batch
+from tokenflow.dataflow.routing import KeyRouter, partition_batch
+from tokenflow.dataflow.state import BinnedState, LocalState, key_bins, pickled, unpickled
+from tokenflow.state.bins import RoutingTable
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -117,25 +141,31 @@ class WatermarkPusher:
     One pusher exists per (channel, sending worker); its round-robin position persists across
     batches, so a producer's ``peers`` consecutive copies reach ``peers`` distinct workers even
     if a session split them over two batches.  All records from one sender to one receiver
-    travel through one FIFO, so a watermark never overtakes data sent before it.
+    travel through one FIFO, so a watermark never overtakes data sent before it.  Keyed data
+    goes where ``Exchange`` would send it: to the owner of the key's bin in ``table`` (the
+    job's ``RoutingTable``; without one, ``routes_for`` over the pushers), so keyed state is on
+    the worker that owns its bin.
     """
 
-    __slots__ = ("pushers", "local", "key", "column", "next_target")
+    __slots__ = ("pushers", "local", "key", "column", "next_target", "table", "router")
 
     def __init__(self, pushers: Sequence[Push], local: int, key: Callable[[Any], Any] | None,
-                 column: str | None) -> None:
+                 column: str | None, table: RoutingTable | None = None) -> None:
         self.pushers = list(pushers)
         self.local = local
         self.key = key
         self.column = column
         self.next_target = 0
+        self.table = table
+        self.router = KeyRouter(key, table if table is not None else len(self.pushers))
 
     def _data(self, time: Any, batch: Any) -> None:
         pushers = self.pushers
         if (self.key is None and self.column is None) or len(pushers) == 1:
             pushers[self.local].push((time, batch))
             return
-        for worker, part in partition_batch(batch, len(pushers), self.key, self.column):
+        for worker, part in partition_batch(batch, len(pushers), self.key, self.column,
+                                             self.router, self.table):
             pushers[worker].push((time, part))
 
     def _watermarks(self, time: Any, records: list[Any]) -> None:
@@ -184,10 +214,25 @@ class WatermarkPact:
                 path: tuple[int, ...]) -> tuple[Push, Pull]:
         """Allocate the channel on ``host`` and wrap its pushers in a ``WatermarkPusher``."""
         pushers, puller = host.allocate(identifier, path)
-        return WatermarkPusher(pushers, host.index, self.key, self.column), puller
+        return WatermarkPusher(pushers, host.index, self.key, self.column,
+                               getattr(host, "routing", None)), puller
 
 
 # -- operators -----------------------------------------------------------------------------
+
+
+def _merge_marks(into: int | None, other: int | None) -> int | None:
+    """Held output watermarks of several old workers: the least (None: nothing held)."""
+    if into is None:
+        return other
+    return into if other is None else min(into, other)
+
+
+def held_watermark() -> LocalState[int | None]:
+    """``assign_watermarks``' state: the time of its output-watermark token (``value``; None
+    once it sent ``MAX_WATERMARK`` and dropped it, or when nothing was restored)."""
+    return LocalState(lambda: None, _merge_marks, times=lambda v: [] if v is None else [v],
+                      empty=lambda v: v is None)
 
 
 def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
@@ -201,6 +246,9 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
     Consume the result through a ``WatermarkPact`` (as ``tumbling_watermark`` and
     ``forward_watermarks`` do), which delivers one copy of each watermark to every worker.
 
+    State: ``"watermark"`` (``held_watermark``), the token's time; a restored operator holds
+    its token there again (the least of the merged old workers' times).
+
     Args:
         stream: a stream with ``int`` times.
         name: the operator's name.
@@ -213,6 +261,12 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         worker, peers = info.worker_index, info.peers
+        state = info.state("watermark", held_watermark())
+        if state.value is not None:  # restored: hold the token at the old watermark
+            token = capability.delayed(state.value)
+            capability.drop()
+            capability = token
+        state.value = capability.time
         holder: list[Capability | None] = [capability]  # the output-watermark token
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -225,10 +279,12 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
             wm = MAX_WATERMARK if not frontier else check_int_time(min(frontier), name)
             if wm > cap.time:
                 cap.downgrade(wm)
+                state.value = wm
                 output.give_batch(cap, broadcast_copies(wm, worker, peers))
             if wm == MAX_WATERMARK:
                 cap.drop()
                 holder[0] = None
+                state.value = None
 
         return logic
 
@@ -237,6 +293,10 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
 
 class WatermarkTracker:
     """The input watermark of a consumer: the minimum over upstream workers' latest watermarks.
+
+    The consumer holds its output-watermark token at ``current`` (dropped at
+    ``MAX_WATERMARK``); the tracker is the value of its ``"watermark"`` state
+    (``tracked_watermark``).
 
     Args:
         peers: the number of upstream workers.
@@ -273,6 +333,63 @@ class WatermarkTracker:
             return True
         return False
 
+    def resume(self, restored: WatermarkTracker) -> None:
+        """Continue from a restored tracker: its minimum, and its per-worker watermarks when
+        it tracked as many upstream workers (else every worker restarts at the minimum)."""
+        self.current = restored.current
+        if len(restored.latest) == len(self.latest):
+            self.latest = list(restored.latest)
+        else:
+            self.latest = [restored.current] * len(self.latest)
+
+    def ended(self) -> bool:
+        """True once every upstream worker sent ``MAX_WATERMARK``."""
+        return self.current == MAX_WATERMARK
+
+
+def _merge_trackers(into: WatermarkTracker | None,
+                    other: WatermarkTracker | None) -> WatermarkTracker | None:
+    """Trackers of several old workers as one: per-worker and overall minima (per worker only
+    when they tracked as many upstream workers)."""
+    if into is None or other is None:
+        return other if into is None else into
+    if len(into.latest) == len(other.latest):
+        into.latest = [min(a, b) for a, b in zip(into.latest, other.latest, strict=True)]
+    into.current = min(into.current, other.current)
+    if len(into.latest) != len(other.latest):
+        into.latest = [into.current] * len(into.latest)
+    return into
+
+
+def tracked_watermark() -> LocalState[WatermarkTracker | None]:
+    """A consumer's ``"watermark"`` state: its ``WatermarkTracker`` (None until the operator
+    installs its own, or when nothing was restored); ``pending_times()`` is the token's time,
+    ``current``, until ``MAX_WATERMARK``."""
+    return LocalState(lambda: None, _merge_trackers,
+                      times=lambda t: [] if t is None or t.ended() else [t.current],
+                      empty=lambda t: t is None)
+
+
+def _track(capability: Capability, info: OperatorInfo, name: str,
+           ends: Iterable[int] = ()) -> tuple[WatermarkTracker, Capability | None]:
+    """Declare a consumer's ``"watermark"`` state; return its live tracker and the
+    output-watermark token: the initial one, or after a restore one minted at the restored
+    watermark (or at an earlier restored window end ``ends``, whose output it must send), or
+    None when the restored stream had ended."""
+    state = info.state("watermark", tracked_watermark())
+    tracker = WatermarkTracker(info.peers, capability.time, name)
+    restored = state.value
+    state.value = tracker
+    if restored is None:
+        return tracker, capability
+    tracker.resume(restored)
+    if tracker.ended():
+        capability.drop()
+        return tracker, None
+    token = capability.delayed(min([tracker.current, *ends]))
+    capability.drop()
+    return tracker, token
+
 
 def _data_records(batch: Any) -> tuple[list[Any], list[Any]]:
     """``(data, watermarks)`` of a batch (fast path: a batch without watermarks)."""
@@ -281,6 +398,61 @@ def _data_records(batch: Any) -> tuple[list[Any], list[Any]]:
     data = [r for r in batch if type(r) is not Watermark]
     marks = [r for r in batch if type(r) is Watermark]
     return data, marks
+
+
+class KeyedWindows(BinnedState):
+    """Open windows of records exchanged by ``key`` (``value``: window end -> records, in
+    arrival order), exported per bin of ``key(record)`` — the bin ``WatermarkPact(key)``
+    routes the record by, so a worker restored with the bins it owns holds exactly the records
+    of the keys routed to it.  Each bin's table is one pickled ``Windows`` (``PICKLE_SCHEMA``);
+    loading merges windows (``merge_windows``).  Holds no tokens (``pending_times()`` is
+    empty): the consumer's output-watermark token covers the windows' output.
+    """
+
+    def __init__(self, key: Callable[[Any], Any]) -> None:
+        self.value: Windows = {}
+        self._key = key
+
+    def _bins_of(self, records: list[Any]) -> np.ndarray:
+        """Bin of each record's key (int64), as the exchange computes it."""
+        key = self._key
+        return key_bins([key(r) for r in records], self.bins or 1)
+
+    def _by_bin(self, bins: Iterable[int] | None) -> dict[int, Windows]:
+        wanted = None if bins is None else set(bins)
+        out: dict[int, Windows] = {}
+        for end, records in self.value.items():
+            if not records:
+                continue
+            of_row = self._bins_of(records)
+            order = np.argsort(of_row, kind="stable")
+            sorted_bins = of_row[order]
+            cuts = np.flatnonzero(np.r_[True, sorted_bins[1:] != sorted_bins[:-1]])
+            stops = np.r_[cuts[1:], len(order)]
+            for lo, hi in zip(cuts.tolist(), stops.tolist(), strict=True):
+                b = int(sorted_bins[lo])
+                if wanted is None or b in wanted:
+                    out.setdefault(b, {})[end] = [records[i] for i in order[lo:hi].tolist()]
+        return out
+
+    def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+        return {b: pickled(windows) for b, windows in self._by_bin(bins).items()}
+
+    def load(self, parts: Mapping[int, pa.Table]) -> None:
+        for b in sorted(parts):
+            for windows in unpickled(parts[b]):
+                merge_windows(self.value, windows)
+
+    def discard(self, bins: Iterable[int]) -> None:
+        gone = np.fromiter(bins, dtype=np.int64)
+        for end in list(self.value):
+            records = self.value[end]
+            keep = ~np.isin(self._bins_of(records), gone) if records else np.zeros(0, bool)
+            kept = [r for r, k in zip(records, keep.tolist(), strict=True) if k]
+            if kept:
+                self.value[end] = kept
+            else:
+                del self.value[end]
 
 
 def tumbling_watermark(
@@ -307,6 +479,9 @@ def tumbling_watermark(
     when idle — unlike ``tumbling``, which the system bypasses until its frontier moves.
     Remove the watermarks with ``strip_watermarks`` to compare with ``tumbling``.
 
+    State: ``"windows"`` (worker-local ``open_windows``, or ``KeyedWindows`` by ``key``) and
+    ``"watermark"`` (``tracked_watermark``); see the module notes.
+
     Args:
         stream: data and watermarks, with ``int`` times.
         size: the window length in time units (> 0).
@@ -328,10 +503,12 @@ def tumbling_watermark(
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         worker, peers = info.worker_index, info.peers
-        holder: list[Capability | None] = [capability]  # the output-watermark token
-        tracker = WatermarkTracker(peers, capability.time, name)
-        windows: dict[int, list[Any]] = {}
-        ends: list[int] = []
+        state = info.state("windows", KeyedWindows(key) if key is not None
+                           else open_windows(tokens=False))
+        windows: Windows = state.value
+        ends: list[int] = sorted(windows)  # a heap of the open windows' ends
+        tracker, token = _track(capability, info, name, ends[:1])
+        holder: list[Capability | None] = [token]  # the output-watermark token
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             advanced = False
@@ -384,6 +561,9 @@ def forward_watermarks(
     token and sends that watermark on (``peers`` copies).  A chain of these is the paper's §7.3
     watermark configuration ("watermarks-X" with ``WatermarkPact`` exchanges at every step).
 
+    State: ``"watermark"`` (``tracked_watermark``: the tracker, whose minimum is the token's
+    time); data is not held between invocations.
+
     Args:
         stream: data and watermarks, with ``int`` times.
         key: exchange data by this key (None: pipeline).
@@ -395,8 +575,8 @@ def forward_watermarks(
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         worker, peers = info.worker_index, info.peers
-        holder: list[Capability | None] = [capability]
-        tracker = WatermarkTracker(peers, capability.time, name)
+        tracker, token = _track(capability, info, name)
+        holder: list[Capability | None] = [token]
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             advanced = False

@@ -27,6 +27,13 @@ frontier jumps.  Windows that received no data hold no token and produce nothing
 
 Both operators use the pipeline pact: each worker windows the records it holds.  Exchange by
 key beforehand (``stream.exchange(key)``) when a window's records must meet on one worker.
+
+State: the open windows (``window end -> records``) live in a declared ``LocalState``
+(``open_windows``; Megaphone, Hoffmann et al., VLDB 2019: state the system can snapshot and
+move), worker-local since the pact is: a snapshot holds each worker's windows under its home
+bin; a job restored at another worker count loads them on the owner of that bin, merging the
+windows of several old workers (records concatenated), and re-mints one token per window end
+(``pending_times()``) from the initial token.  The tokens themselves are not state.
 """
 
 from __future__ import annotations
@@ -38,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary_frontier
+from tokenflow.dataflow.state import LocalState
 
 if TYPE_CHECKING:
     from tokenflow.dataflow.stream import Stream
@@ -100,15 +108,42 @@ def check_window_sizes(size: int, slide: int, name: str) -> None:
         )
 
 
+Windows = dict[int, list[Any]]
+"""Open windows of one worker: window end -> its records, in arrival order."""
+
+
+def merge_windows(into: Windows, other: Windows) -> Windows:
+    """``into`` with ``other``'s windows added: the union of the windows, the records of a
+    window both hold concatenated (``into``'s first).  ``other`` is not changed."""
+    for end, records in other.items():
+        held = into.get(end)
+        if held is None:
+            into[end] = list(records)
+        else:
+            held.extend(records)
+    return into
+
+
+def open_windows(tokens: bool = True) -> LocalState[Windows]:
+    """A worker-local ``LocalState`` of open windows (``value``: ``Windows``), merged with
+    ``merge_windows``; ``pending_times()`` are the window ends when the operator holds one
+    token per open window (``tokens``), else none.  Empty: nothing is exported."""
+    return LocalState(dict, merge_windows, times=(lambda w: w.keys()) if tokens else None,
+                      empty=lambda w: not w)
+
+
 def _windowed(stream: Stream, size: int, slide: int, reduce: Reduce, name: str) -> Stream:
     """The shared operator: windows ``[s, s + size)`` for every multiple ``s`` of ``slide``."""
     check_window_sizes(size, slide, name)
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
-        capability.drop()  # no output unprompted: only windows with data will hold tokens
-        # window end -> (token at end, records); ends also in a heap to retire them in order
-        windows: dict[int, tuple[Capability, list[Any]]] = {}
-        ends: list[int] = []
+        state = info.state("windows", open_windows())
+        windows: Windows = state.value  # window end -> records (restored ones included)
+        # One token per open window, at its end (paper §5); ends also in a heap, to retire
+        # them in order.  A restored state's windows get theirs from the initial token.
+        tokens: dict[int, Capability] = {end: capability.delayed(end) for end in windows}
+        ends: list[int] = sorted(tokens)
+        capability.drop()  # no output unprompted: only windows with data hold tokens
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for ref, batch in input:
@@ -120,16 +155,17 @@ def _windowed(stream: Stream, size: int, slide: int, reduce: Reduce, name: str) 
                     window = windows.get(end)
                     if window is None:
                         # First data of this window: keep a token at its end (paper §5).
-                        windows[end] = (ref.delayed(end), list(records))
+                        windows[end] = list(records)
+                        tokens[end] = ref.delayed(end)
                         heapq.heappush(ends, end)
                     else:
-                        window[1].extend(records)
+                        window.extend(records)
                     start -= slide
             frontier = input.frontier
             while ends and not frontier.less_than(ends[0]):
                 end = heapq.heappop(ends)
-                cap, records = windows.pop(end)
-                out = call_reduce(reduce, end - size, end, records, name)
+                cap = tokens.pop(end)
+                out = call_reduce(reduce, end - size, end, windows.pop(end), name)
                 if out:
                     output.give_batch(cap, out)
                 cap.drop()
