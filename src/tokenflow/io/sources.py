@@ -470,6 +470,7 @@ class _Reader:
         self._unfired_set: set[int] = set()
         self.lock = threading.RLock()
         self.pause: int | None = pause_at
+        self.limit: int | None = None  # flow control (``SourceHandle.limit``), not a pause
         self.paused = False
         self.closed = False
         self.finished = False
@@ -642,12 +643,15 @@ class _Reader:
     def _round(self, live: list[_State], low: int) -> bool:
         """Move the token to ``low`` (the least time still to come); False when the round
         must not emit (paused at or before ``low``, or waiting for splits to appear)."""
-        pause = self.pause
+        pause, limit = self.pause, self.limit
         if pause is not None and low >= pause:
             self._advance(low)
             self.paused = True
             return False
         self.paused = False
+        if limit is not None and low >= limit:
+            self._advance(low)
+            return False
         floor = self.tokens[0].time
         if low < floor:
             raise self._late(next(st for st in live if st.logical[st.cursor] == low), floor)  # type: ignore[index]
@@ -662,7 +666,10 @@ class _Reader:
         least logical time at which some split's buffer ends, and none at or after a pause."""
         horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
         cutoff = horizon + self.granularity
-        return cutoff if self.pause is None else min(cutoff, self.pause)
+        for bound in (self.pause, self.limit):
+            if bound is not None:
+                cutoff = min(cutoff, bound)
+        return cutoff
 
     def _emit(self, live: list[_State], cutoff: int, outputs: list[Any]) -> int:
         """Send every buffered row with time ``< cutoff``, merged across splits in logical-time
@@ -782,6 +789,17 @@ class SourceHandle:
             r.pause = epoch
             r.paused = r.finished
         r.activate()
+
+    def limit(self, epoch: int | None) -> None:
+        """Flow control: emit nothing at or after ``epoch`` for now (None: no limit); unlike
+        ``pause_at`` this is not a pause the control plane waits for, and raising the limit
+        lets the source go on at once (e.g. a driver keeping a few epochs in flight)."""
+        r = self._reader
+        with r.lock:
+            changed = r.limit != epoch
+            r.limit = epoch
+        if changed:
+            r.activate()
 
     def resume(self) -> None:
         """Lift the pause: the source reads on."""

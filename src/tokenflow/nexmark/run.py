@@ -27,8 +27,6 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections import deque
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -36,11 +34,15 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from tokenflow.nexmark.generator import KINDS, GeneratorConfig, generate, write_parquet
+from tokenflow.nexmark.generator import KINDS, GeneratorConfig, write_parquet
 from tokenflow.nexmark.queries import load
 
 MIN_BLOCK = 5_000
 """Fewest events a worker generates per ``generate`` call (smaller calls cost more per event)."""
+SPLITS = 16
+"""Splits of the NEXMark source (W-independent units of the event stream, see
+``tokenflow.io.sources.nexmark_splits``): a job can be restored at up to this many workers
+without idle ones."""
 
 
 @dataclass
@@ -139,16 +141,6 @@ def chunk_plan(plan: list[tuple[int, int, int]], workers: int,
     return chunks
 
 
-def _epoch_slices(data: dict[str, pa.RecordBatch], epochs: list[tuple[int, int, int]],
-                  granularity_ms: int) -> Iterator[tuple[int, dict[str, pa.RecordBatch]]]:
-    """Per epoch of a chunk, this worker's rows of each kind (``dateTime``-sorted input)."""
-    bounds = np.array([t for t, _, _ in epochs] + [epochs[-1][0] + granularity_ms], dtype=np.int64)
-    cuts = {kind: np.searchsorted(batch.column("dateTime").to_numpy(), bounds, side="left")
-            for kind, batch in data.items()}
-    for i, (t, _, _) in enumerate(epochs):
-        yield t, {kind: data[kind].slice(int(c[i]), int(c[i + 1] - c[i])) for kind, c in cuts.items()}
-
-
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
@@ -195,7 +187,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         WorkerError: a worker failed.
     """
     from tokenflow.execute import execute
-    from tokenflow.nexmark.files import read_events, worker_share
+    from tokenflow.nexmark.files import read_events
 
     module = load(name)
     if lag < 1:
@@ -213,29 +205,40 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         tables = read_events(source)
         events = sum(t.num_rows for t in tables.values())
         plan = file_plan(tables, granularity_ms)
-        chunks = [plan] if plan else []
         del tables
     else:
         plan = epoch_plan(events, config, granularity_ms)
-        chunks = chunk_plan(plan, workers)
     columns = list(module.COLUMNS)
     directory = None
     if output is not None:
         directory = os.path.abspath(os.fspath(output))
         os.makedirs(directory, exist_ok=True)
 
+    epoch_list = [t for t, _, _ in plan]
+
     def job(worker: Any) -> dict[str, Any]:
+        from tokenflow.io.parquet import to_parquet
+        from tokenflow.io.sources import nexmark_streams, replayable_source, table_splits
         from tokenflow.nexmark.queries import load as load_query
-        from tokenflow.spark.io import collect, to_parquet
+        from tokenflow.spark.io import collect
 
         query = load_query(name)
         if routing == "direct":
             worker.routing = None
 
         def build(scope: Any) -> Any:
-            handles, streams = {}, {}
-            for kind in KINDS:
-                handles[kind], streams[kind] = scope.new_input(f"Nexmark.{kind}")
+            if source is None:
+                streams, handle = nexmark_streams(scope, events, config, splits=SPLITS,
+                                                  granularity=granularity_ms)
+                handles = [handle]
+            else:  # every worker reads the files and takes its splits of each kind
+                tables = read_events(source)
+                streams, handles = {}, []
+                for kind in KINDS:
+                    streams[kind], handle = replayable_source(
+                        scope, f"Nexmark.{kind}", table_splits(tables[kind], SPLITS, time="dateTime"),
+                        "dateTime", granularity=granularity_ms)
+                    handles.append(handle)
             out = query.build(streams, config)
             if directory is not None:
                 to_parquet(out, directory, columns=columns, name=f"{name}.Parquet",
@@ -243,47 +246,32 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             return handles, out.probe(f"{name}.Probe"), collect(out, f"{name}.Collect")
 
         handles, probe, captured = worker.dataflow(build, name=f"nexmark-{name}")
-        w, peers = worker.index, worker.peers
         sent: dict[int, float] = {}
         passed: dict[int, float] = {}
-        in_flight: deque[int] = deque()
-
-        def retire() -> None:
-            now = None
-            while in_flight and not probe.less_equal(in_flight[0]):
-                now = now or time.time()
-                passed[in_flight.popleft()] = now
+        done_sending = done_passing = 0  # epochs of ``epoch_list`` sent / passed so far
 
         start = time.time()
-        for chunk in chunks:
-            if source is not None:  # this worker's round-robin share of the files' rows
-                data = {kind: worker_share(table, w, peers) for kind, table in read_events(source).items()}
-            else:
-                lo, hi = chunk[0][1], chunk[-1][2]
-                first = lo + (hi - lo) * w // peers
-                end = lo + (hi - lo) * (w + 1) // peers
-                data = generate(first, end - first, config)
-            for t, parts in _epoch_slices(data, chunk, granularity_ms):
-                while len(in_flight) >= lag:
-                    worker.step_or_park()
-                    retire()
-                for kind, handle in handles.items():
-                    handle.advance_to(t)
-                    if parts[kind].num_rows:
-                        handle.send_batch(parts[kind])
-                for handle in handles.values():
-                    handle.advance_to(t + granularity_ms)
-                sent[t] = time.time()
-                in_flight.append(t)
-                worker.step()
-                retire()
-        for handle in handles.values():
-            handle.close()
-        while not probe.done():
+        while True:
+            frontiers = [h.frontier for h in handles if h.frontier is not None]
+            least = min(frontiers) if frontiers else None
+            now = time.time()
+            while done_sending < len(epoch_list) and (least is None or epoch_list[done_sending] < least):
+                sent[epoch_list[done_sending]] = now
+                done_sending += 1
+            while done_passing < done_sending and not probe.less_equal(epoch_list[done_passing]):
+                passed[epoch_list[done_passing]] = now
+                done_passing += 1
+            if probe.done():
+                break
+            # at most ``lag`` of this worker's epochs in flight: sent but not passed
+            ahead = done_passing + lag
+            limit = epoch_list[ahead] if ahead < len(epoch_list) else None
+            for h in handles:
+                h.limit(limit)
             worker.step_or_park()
-            retire()
-        retire()
         finish = time.time()
+        for t in epoch_list[done_passing:]:
+            passed.setdefault(t, finish)
         batches = [b for _, b in captured.events]
         table = None
         if batches:
