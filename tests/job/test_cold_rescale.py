@@ -122,3 +122,42 @@ def test_cold_rescale_2_to_3_on_processes_and_spark(tmp_path: Path, runtime: str
     second = execute(wordcount(table), workers=3, runtime=runtime, restore=str(tmp_path), name=NAME,
                      **options)
     assert merged(first, second) == expected
+
+
+def wordcount_to_parquet(table: pa.Table, path: str, pause_at: int | None = None) -> Any:
+    """The running word count written with the committing Parquet sink, in bins of 4 epochs."""
+
+    def job(worker: Any) -> None:
+        from tokenflow.io import to_parquet
+
+        def build(scope: Any) -> None:
+            words, _ = replayable_source(scope, "words", table_splits(table, 8, time="t"),
+                                         time="t", pause_at=pause_at, max_rows=200)
+            pairs = words.map_batch(lambda b: [(w, 1) for w in b.column("word").to_pylist()])
+            counts = state_machine(pairs, lambda w, n, c: ((c or 0) + n, [(w, (c or 0) + n)]))
+            to_parquet(counts, path, columns=["word", "count"], granularity=4)
+
+        worker.dataflow(build)
+
+    return job
+
+
+@pytest.mark.parametrize(("before", "after"), [(2, 3), (3, 1)])
+def test_cold_rescale_with_the_committing_sink(tmp_path: Path, before: int, after: int) -> None:
+    from tokenflow.io import read_committed
+
+    table = words_table(seed=11)
+    whole, cut, snap = tmp_path / "whole", tmp_path / "cut", tmp_path / "snap"
+    execute(wordcount_to_parquet(table, str(whole)), workers=before, name=NAME)
+    handle = start(wordcount_to_parquet(table, str(cut), pause_at=18), workers=before, name=NAME)
+    handle.snapshot(str(snap))
+    handle.result(timeout=60)
+    execute(wordcount_to_parquet(table, str(cut)), workers=after, restore=str(snap), name=NAME)
+
+    def rows(path: Path) -> list[tuple[Any, ...]]:
+        data = read_committed(str(path))
+        return sorted(zip(*(data.column(c).to_pylist() for c in ("time", "word", "count")),
+                          strict=True))
+
+    assert rows(cut) == rows(whole)
+    assert len(rows(whole)) == table.num_rows

@@ -57,6 +57,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenflow.dataflow.operators.generic import unary_frontier
+from tokenflow.dataflow.state import LocalState
 
 if TYPE_CHECKING:
     from tokenflow.dataflow.capability import Capability
@@ -297,10 +298,13 @@ def _stage_constructor(root: str, columns: list[str] | None, name: str, partitio
     committer ``(epoch, staged path relative to root, rows, worker, seq)``."""
 
     def constructor(cap: Capability, info: OperatorInfo) -> Any:
-        cap.drop()
         run = uuid.uuid4().hex[:12]
         worker = info.worker_index
-        pending: dict[Any, tuple[Capability, list[Any]]] = {}
+        # epoch -> batches not yet staged (state: snapshotted, and restored at any W)
+        batches_of: LocalState[dict[Any, list[Any]]] = info.state(
+            "pending", LocalState(dict, _merge_lists, times=list, empty=_is_empty))
+        tokens: dict[Any, Capability] = {b: cap.delayed(b) for b in batches_of.value}
+        cap.drop()
         seq = [0]
 
         def stage(b: Any, batches: list[Any]) -> tuple[str | None, int, int]:
@@ -331,17 +335,16 @@ def _stage_constructor(root: str, columns: list[str] | None, name: str, partitio
             return relative, table.num_rows, number
 
         def logic(inp: OperatorInput, out: OperatorOutput) -> None:
+            pending = batches_of.value
             for ref, batch in inp:
                 b = bin_of(ref.time)
-                entry = pending.get(b)
-                if entry is None:
-                    pending[b] = (ref.retain(), [batch])
-                else:
-                    entry[1].append(batch)
-            ready = [b for b in pending if not inp.frontier.less_equal(last_time(b))]
+                if b not in tokens:
+                    tokens[b] = ref.retain()
+                pending.setdefault(b, []).append(batch)
+            ready = [b for b in tokens if not inp.frontier.less_equal(last_time(b))]
             for b in ready:
-                held, batches = pending.pop(b)
-                relative, rows, number = stage(b, batches)
+                held = tokens.pop(b)
+                relative, rows, number = stage(b, pending.pop(b, []))
                 out.session(held).give((b, relative, rows, worker, number))
                 held.drop()
 
@@ -369,10 +372,11 @@ class _Committer:
 
     # -- start-up: recover from an earlier, possibly killed, run -------------------------------
 
-    def start(self) -> None:
-        """Clean up after an earlier run: finish or undo interrupted swaps, remove staging,
-        unfinished commit directories and tmp files (all hidden), and reconcile the dataset
-        manifest with the epoch directories present.
+    def start(self, keep: set[str] | None = None) -> None:
+        """Clean up after an earlier run: finish or undo interrupted swaps, remove staging
+        (but the staged files in ``keep``: paths relative to the root that a restored
+        committer still has to commit), unfinished commit directories and tmp files (all
+        hidden), and reconcile the dataset manifest with the epoch directories present.
 
         Writers cannot stage before this runs: their input frontier stays at the first time
         until every worker, this one included, has built the dataflow.
@@ -387,12 +391,12 @@ class _Committer:
                 raise ParquetSinkError(f"operator {self.name!r}: {root} is not a directory")
             return
         try:
-            self._recover(root)
+            self._recover(root, keep or set())
         except OSError as error:
             raise ParquetSinkError(f"operator {self.name + '.Commit'!r}: cannot clean up {root} "
                                    f"after an earlier run: {error}") from error
 
-    def _recover(self, root: str) -> None:
+    def _recover(self, root: str, keep: set[str]) -> None:
         prefix = f"{self.partition}="
         entries = sorted(os.listdir(root))
         for entry in entries:  # an interrupted swap: put the old epoch back
@@ -410,8 +414,14 @@ class _Committer:
             elif entry.startswith(".") and entry.endswith(".tmp") and os.path.isfile(full):
                 _remove_file(full)
         staging = os.path.join(root, STAGING)
-        if os.path.exists(staging):
+        if os.path.exists(staging) and not keep:
             shutil.rmtree(staging)
+        elif os.path.exists(staging):
+            for folder, _, names in os.walk(staging):
+                for file_name in names:
+                    full = os.path.join(folder, file_name)
+                    if os.path.relpath(full, root) not in keep:
+                        _remove_file(full)
         try:
             document = _read_json(self.manifest_path)
         except ValueError as error:
@@ -580,6 +590,27 @@ class _Committer:
         self.finished = True
 
 
+def _merge_lists(a: dict[Any, list[Any]], b: dict[Any, list[Any]]) -> dict[Any, list[Any]]:
+    """Per-epoch lists of two workers' pending batches, joined (restoring at fewer workers)."""
+    for key, items in b.items():
+        a.setdefault(key, []).extend(items)
+    return a
+
+
+def _is_empty(value: dict[Any, Any]) -> bool:
+    return not value
+
+
+def _new_commits() -> dict[str, Any]:
+    return {"pending": {}, "committed": set()}
+
+
+def _merge_commits(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    _merge_lists(a["pending"], b["pending"])
+    a["committed"] |= b["committed"]
+    return a
+
+
 def _dataset_entry(own: dict[str, Any]) -> dict[str, Any]:
     """The dataset manifest's entry for an epoch, from the epoch's own ``_manifest.json``."""
     return {"value": own.get("value"), "dir": own["dir"],
@@ -593,33 +624,39 @@ def _commit_constructor(root: str, name: str, partition: str, granularity: int |
     epoch being collected and commits the epoch once its input frontier has passed it."""
 
     def constructor(cap: Capability, info: OperatorInfo) -> Any:
-        cap.drop()
         active = info.worker_index == COMMITTER
+        # epoch -> staged records, and the epoch directories committed so far (state: a job
+        # restored from a snapshot continues this run's commits rather than undoing them)
+        held: LocalState[dict[str, Any]] = info.state(
+            "commits", LocalState(_new_commits, _merge_commits, times=lambda v: list(v["pending"])))
+        records_of: dict[Any, list[Any]] = held.value["pending"]
+        tokens: dict[Any, Capability] = {b: cap.delayed(b) for b in records_of}
+        cap.drop()
         committer = _Committer(root, name, partition, granularity)
+        committer.committed = held.value["committed"]
         if active:
-            committer.start()
-        pending: dict[Any, tuple[Capability, list[Any]]] = {}
+            committer.start(keep={r[1] for records in records_of.values() for r in records
+                                  if r[1] is not None})
 
         def logic(inp: OperatorInput, out: OperatorOutput) -> None:
             for ref, batch in inp:
                 for record in batch:
                     b = record[0]
-                    entry = pending.get(b)
-                    if entry is None:
-                        pending[b] = entry = (ref.retain(), [])
-                    entry[1].append(record)
+                    if b not in tokens:
+                        tokens[b] = ref.retain()
+                    records_of.setdefault(b, []).append(record)
             if not active or committer.finished:
                 return
-            ready = [b for b in pending if not inp.frontier.less_equal(last_time(b))]
+            ready = [b for b in tokens if not inp.frontier.less_equal(last_time(b))]
             try:
                 ready.sort()
             except TypeError:
                 pass
             for b in ready:
-                held, records = pending.pop(b)
-                rows = committer.commit(b, records)
-                out.session(held).give((b, rows))
-                held.drop()
+                token = tokens.pop(b)
+                rows = committer.commit(b, records_of.pop(b, []))
+                out.session(token).give((b, rows))
+                token.drop()
             frontier = inp.frontier.frontier()
             doomed = committer.advance(frontier)
             committer.write_manifest(ready)
