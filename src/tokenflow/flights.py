@@ -23,7 +23,10 @@ local time must have the row's own ``year``/``month``/``day``/``hour``.  All 336
 (no flight is scheduled in the repeated or skipped hour of a DST change).
 
 ``hourly_stats`` is the dataflow: per ``origin`` and ``time_hour`` it counts departures and
-cancellations and computes the mean and 90th percentile of the departure delay.  ``run_flights``
+cancellations and computes the mean and 90th percentile of the departure delay.  Its pending
+hours are a declared ``PendingHours`` state (per bin of ``origin``; Megaphone, Hoffmann et al.,
+VLDB 2019), so a job snapshot holds them and a restore at another worker count re-creates them
+on the workers that now own each origin.  ``run_flights``
 runs it on any runtime; ``summary_table`` and ``plot_daily_delay`` present the result.
 """
 
@@ -37,6 +40,7 @@ import io
 import os
 import time
 import zipfile
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,7 +53,10 @@ import pyarrow.parquet as pq
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
+from tokenflow.dataflow.routing import column_hashes
+from tokenflow.dataflow.state import BinnedState, split_by_bin
 from tokenflow.dataflow.stream import Stream
+from tokenflow.state.bins import bins_of
 
 LOCAL_TZ = "America/New_York"
 """The time zone of the local columns (``year`` … ``minute``, ``dep_time``)."""
@@ -254,6 +261,73 @@ def hourly_table(times: np.ndarray, origin: pa.ChunkedArray | pa.Array, dep_time
     )
 
 
+PENDING_COLUMNS = ["origin", "dep_time", "dep_delay"]
+"""The flight columns ``hourly_stats`` keeps for a pending hour."""
+HOUR = "hour"
+"""Column of ``PendingHours``' exported rows: the pending hour (ms since the Unix epoch)."""
+
+
+class PendingHours(BinnedState):
+    """``hourly_stats``' state: the flights of each pending hour, as received.
+
+    ``by_hour``: hour (ms since the Unix epoch, the message time) -> record batches of
+    ``PENDING_COLUMNS``, in arrival order.  ``pending_times()``: the hours, ascending (the
+    operator holds one token per pending hour).
+
+    Exported per bin of ``origin`` (``column_hashes``: the bin ``Exchange(column="origin")``
+    routes the flight by) as one table of ``PENDING_COLUMNS`` plus ``HOUR``: one concatenation,
+    one hash and one ``split_by_bin`` per export.  Batches whose schemas differ only in
+    nullability (Spark partitions) are cast to the first one's schema.
+    """
+
+    def __init__(self) -> None:
+        self.by_hour: dict[int, list[pa.RecordBatch]] = {}
+
+    def add(self, hour: int, batch: pa.RecordBatch) -> None:
+        """Hold ``batch`` (``PENDING_COLUMNS``) of flights of ``hour``."""
+        self.by_hour.setdefault(hour, []).append(batch)
+
+    def pending_times(self) -> list[int]:
+        return sorted(self.by_hour)
+
+    def table(self) -> pa.Table | None:
+        """Every held flight as one table (``PENDING_COLUMNS`` + ``HOUR``), None when empty."""
+        batches = [b for parts in self.by_hour.values() for b in parts if b.num_rows]
+        if not batches:
+            return None
+        hours = np.repeat(np.fromiter((h for h, parts in self.by_hour.items() for b in parts
+                                       if b.num_rows), dtype=np.int64, count=len(batches)),
+                          [b.num_rows for b in batches])
+        rows = pa.Table.from_batches(_unify(batches))
+        return rows.append_column(HOUR, pa.array(hours, pa.int64()))
+
+    def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+        table = self.table()
+        if table is None:
+            return {}
+        return split_by_bin(table, bins_of(column_hashes(table.column("origin")), self.bins or 1),
+                            bins)
+
+    def load(self, parts: Mapping[int, pa.Table]) -> None:
+        tables = [parts[b] for b in sorted(parts) if parts[b].num_rows]
+        if not tables:
+            return
+        table = pa.concat_tables(tables, promote_options="permissive")
+        hours = table.column(HOUR).to_numpy()
+        order = np.argsort(hours, kind="stable")
+        rows = table.select(PENDING_COLUMNS).take(pa.array(order)).combine_chunks()
+        keys, starts = np.unique(hours[order], return_index=True)
+        stops = np.r_[starts[1:], len(order)]
+        for hour, lo, hi in zip(keys.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            self.by_hour.setdefault(hour, []).extend(rows.slice(lo, hi - lo).to_batches())
+
+    def discard(self, bins: Iterable[int]) -> None:
+        gone = set(bins)
+        kept = {b: t for b, t in self.export().items() if b not in gone}
+        self.by_hour = {}
+        self.load(kept)
+
+
 def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
     """Departure statistics per ``origin`` per hour, emitted when the input frontier passes it.
 
@@ -271,23 +345,29 @@ def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
     batch the work is one column selection; there is no per-row Python.  Times must be
     integers (a total order: the frontier is one time ``f`` and hours ``< f`` are complete).
 
+    State: ``"hours"``, a ``PendingHours`` (the pending hours' rows, per bin of ``origin``);
+    restored from a snapshot, each pending hour gets its token from the initial token.
+
     Raises:
         KeyError: (from the exchange) when batches have no ``origin`` column.
         ValueError: for a null origin (see ``hourly_table``).
     """
 
     def constructor(capability: Any, info: OperatorInfo) -> Any:
+        state = info.state("hours", PendingHours())
+        pending = state.by_hour  # hour -> row parts (restored ones included)
+        tokens: dict[int, Any] = {t: capability.delayed(t) for t in pending}  # hour -> token
+        hours: list[int] = sorted(tokens)  # heap of the pending hours
         capability.drop()  # nothing to say before data arrives
-        pending: dict[int, tuple[Any, list[pa.RecordBatch]]] = {}  # hour -> (token, row parts)
-        hours: list[int] = []  # heap of the pending hours
 
         def logic(flights: OperatorInput, output: OperatorOutput) -> None:
             for ref, batch in flights:
-                entry = pending.get(ref.time)
-                if entry is None:
-                    entry = pending[ref.time] = (ref.retain(), [])
+                held = pending.get(ref.time)
+                if held is None:
+                    held = pending[ref.time] = []
+                    tokens[ref.time] = ref.retain()
                     heapq.heappush(hours, ref.time)
-                entry[1].append(batch.select(["origin", "dep_time", "dep_delay"]))
+                held.append(batch.select(PENDING_COLUMNS))
             if not hours:
                 return
             # Integer times are totally ordered: the frontier is empty or one time ``f``, and
@@ -302,7 +382,7 @@ def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
             parts: list[pa.RecordBatch] = []
             lengths: list[int] = []
             for t in ready:
-                batches = pending[t][1]
+                batches = pending[t]
                 parts.extend(batches)
                 lengths.append(sum(b.num_rows for b in batches))
             rows = pa.Table.from_batches(_unify(parts))
@@ -314,7 +394,8 @@ def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
             bounds = np.searchsorted(stat_times, np.asarray(ready, dtype=np.int64), side="left")
             ends = np.append(bounds[1:], len(stat_times))
             for t, s, e in zip(ready, bounds.tolist(), ends.tolist(), strict=True):
-                token, _ = pending.pop(t)
+                del pending[t]
+                token = tokens.pop(t)
                 if e > s and batch is not None:
                     output.give_batch(token, batch.slice(s, e - s))
                 token.drop()

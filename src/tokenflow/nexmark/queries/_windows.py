@@ -7,20 +7,34 @@ operators); docs/NEXMARK.md ("Queries": Q5, Q7).
 
 Units: times and window bounds are ms since the Unix epoch (the logical times of
 ``nexmark_source``); prices are cents.  All times are ``int`` (no iterative scopes).
+
+State: every stateful operator of the queries declares its state object with
+``OperatorInfo.state`` (Megaphone, Hoffmann et al., VLDB 2019: state kept per bin, so the
+system snapshots it per bin and a job restored at another worker count loads, on each worker,
+the bins it owns).  The objects derive from ``ColumnarState``: their rows are Arrow tables and
+numpy arrays, exported per bin of the stable hash of their key column — the hash the
+operator's ``Exchange(column=...)`` routes by — with one hash and one ``split_by_bin`` per
+export, never in the operators' hot path.  An operator restoring such a state mints one token
+per ``pending_times()`` from its initial token (the timestamp-tokens paper §5).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from tokenflow.dataflow.capability import Capability, CapabilityRef
+from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
+from tokenflow.dataflow.routing import column_hashes
+from tokenflow.dataflow.state import BinnedState, split_by_bin
 from tokenflow.dataflow.stream import Stream
+from tokenflow.state.bins import bins_of
 
 INT64_MIN = np.iinfo(np.int64).min
 
@@ -157,17 +171,123 @@ def group_slices(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return keys[starts], starts, stops
 
 
-class WindowMaxState:
+PART = "part"
+"""Column telling which part of a ``ColumnarState`` a row of an exported table belongs to."""
+
+
+def key_hashes(table: pa.Table, column: str) -> np.ndarray:
+    """Stable routing hash (uint64) per row of ``table``'s key ``column``: what
+    ``Exchange(column=column)`` routes the row by (``column_hashes``)."""
+    return column_hashes(table.column(column))
+
+
+class ColumnarState(BinnedState):
+    """A query operator's state whose rows are Arrow tables, exported per bin of their key.
+
+    A subclass with several kinds of rows (e.g. persons and waiting auctions) lists each kind's
+    columns in ``PARTS``; it implements ``rows`` (each part as a table with the stable hash of
+    its key per row: the hash its input exchange routes that key by; None for worker-local
+    rows), ``add_rows`` (add loaded rows of a part: the rows of several bins and old workers,
+    any order; a single part gets the table as exported) and ``clear``.
+
+    ``export`` concatenates the parts (a ``PART`` column tells them apart when there are
+    several; missing columns are null), computes every row's bin from its hash (one
+    ``bins_of``) and splits the table by bin (one ``split_by_bin``); worker-local rows go
+    whole to the home bin.  ``load`` concatenates the loaded tables and hands each part's rows
+    to ``add_rows`` once.  ``discard`` rebuilds the state from the bins it keeps.
+    """
+
+    PARTS: ClassVar[tuple[tuple[str, ...], ...]] = ()
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        """Per part (in ``PARTS`` order): its rows (at least its ``PARTS`` columns) and the
+        key hash per row (uint64; None: worker-local rows, exported under the home bin)."""
+        raise NotImplementedError
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        """Add loaded rows (the columns of ``PARTS[part]``) of part ``part``."""
+        raise NotImplementedError
+
+    def clear(self) -> None:
+        """Forget every row."""
+        raise NotImplementedError
+
+    def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+        tables: list[pa.Table] = []
+        hashes: list[np.ndarray] = []
+        local = False
+        parts = self.rows()
+        tagged = len(parts) > 1
+        for i, (table, h) in enumerate(parts):
+            if table.num_rows == 0:
+                continue
+            if tagged:
+                table = table.append_column(PART, pa.array(np.full(table.num_rows, i, np.int8)))
+            tables.append(table)
+            if h is None:
+                local = True
+            else:
+                hashes.append(h)
+        if not tables:
+            return {}
+        table = tables[0] if len(tables) == 1 else \
+            pa.concat_tables(tables, promote_options="default")
+        if local:
+            if bins is not None and self.home_bin not in set(bins):
+                return {}
+            return {self.home_bin: table}
+        return split_by_bin(table, bins_of(np.concatenate(hashes), self.bins or 1), bins)
+
+    def load(self, parts: Mapping[int, pa.Table]) -> None:
+        tables = [parts[b] for b in sorted(parts) if parts[b].num_rows]
+        if not tables:
+            return
+        table = tables[0] if len(tables) == 1 else \
+            pa.concat_tables(tables, promote_options="default")
+        if PART not in table.column_names:
+            self.add_rows(0, table)
+            return
+        tags = table.column(PART)
+        for i, columns in enumerate(self.PARTS):
+            mine = table.filter(pc.equal(tags, pa.scalar(i, pa.int8())))
+            if mine.num_rows:
+                self.add_rows(i, mine.select(list(columns)))
+
+    def discard(self, bins: Iterable[int]) -> None:
+        gone = set(bins)
+        kept = {b: t for b, t in self.export().items() if b not in gone}
+        self.clear()
+        self.load(kept)
+
+
+class WindowMaxState(ColumnarState):
     """Per open window, the rows with the largest ``value`` seen so far (ties all kept).
 
     State (plain, snapshot-able): ``windows: dict[window_end_ms, (max_value, [pa.Table])]``.
     Tokens are not state: the operator holds one per key of ``windows`` (see ``pending_times``).
+
+    As a ``BinnedState``: the rows (``schema``) of every window, exported per bin of the
+    ``key`` column (the column the operator's input is exchanged by, e.g. ``window_start``),
+    or whole under the home bin when ``key`` is None (a pipeline operator: worker-local).
+    Loading adds the rows with ``add``: per window the largest maximum wins, equal maxima
+    keep all their rows, so the parts of several old workers merge into their joint maximum.
     """
 
-    def __init__(self, value: str, schema: pa.Schema) -> None:
+    def __init__(self, value: str, schema: pa.Schema, key: str | None = None) -> None:
         self.value = value
         self.schema = schema
+        self.key = key
         self.windows: dict[int, tuple[int, list[pa.Table]]] = {}
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        table = concat([t for _, parts in self.windows.values() for t in parts], self.schema)
+        return [(table, None if self.key is None else key_hashes(table, self.key))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        self.add(table.select(self.schema.names).cast(self.schema))
+
+    def clear(self) -> None:
+        self.windows = {}
 
     def add(self, table: pa.Table) -> None:
         """Merge rows (columns of ``schema``, including ``window_end`` and ``value``).
@@ -223,7 +343,7 @@ class WindowMaxState:
 
 def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusive: bool,
                prepare: Callable[[pa.Table], pa.Table] | None = None,
-               state: WindowMaxState | None = None, name: str = "WindowMax") -> Stream:
+               name: str = "WindowMax") -> Stream:
     """Per window, the rows whose ``value`` is the window's maximum (ties all kept).
 
     Input: Arrow batches; ``prepare(table)`` (vectorized, optional) turns the batches received
@@ -234,16 +354,26 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     Tokens (paper §5): the initial token is dropped; one ``Capability`` per open window, minted
     at its end from the least message ref of the invocation that opened it, used to send the
     window's rows and dropped when it is retired.  Windows are retired in order of their ends,
-    many per invocation when the frontier jumps.  A ``state`` restored from a snapshot gets its
-    tokens from the initial token (one per ``pending_times()``).
+    many per invocation when the frontier jumps.
+
+    State: ``"windows"``, a ``WindowMaxState`` keyed by the exchange's column (``pact`` an
+    ``Exchange(column=...)``), or worker-local for any other pact; restored from a snapshot, it
+    gets its tokens from the initial token (one per ``pending_times()``).
 
     Raises:
+        ValueError: ``pact`` is an ``Exchange`` without a ``column`` (rows are Arrow).
         CapabilityError: when a row's ``window_end`` is before its message's time (it cannot
             be sent at its end).
     """
-    held = state if state is not None else WindowMaxState(value, schema)
+    key: str | None = None
+    if isinstance(pact, Exchange):
+        if pact.column is None:
+            raise ValueError(f"operator {name!r}: window_max exchanges Arrow rows by a column; "
+                             "use Exchange(column=...)")
+        key = pact.column
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        held = info.state("windows", WindowMaxState(value, schema, key))
         tokens = WindowTokens(capability, held.pending_times())
         capability.drop()
 
@@ -266,5 +396,6 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     return unary_frontier(stream, pact, name, constructor)
 
 
-__all__ = ["WindowMaxState", "WindowTokens", "coalesce", "concat", "drain", "frontier_bound",
-           "group_slices", "int_column", "passed", "to_batch", "window_max"]
+__all__ = ["PART", "ColumnarState", "WindowMaxState", "WindowTokens", "coalesce", "concat", "drain",
+           "frontier_bound", "group_slices", "int_column", "key_hashes", "passed", "to_batch",
+           "window_max"]

@@ -25,6 +25,12 @@ Dataflow (an incremental, symmetric hash join):
    the arriving message's token (delayed to that maximum).
 
 Memory: one entry per matching person and one per waiting auction, for the whole run.
+
+State: ``Q3Join`` declares its ``JoinState`` as ``"join"`` (``OperatorInfo.state``): persons
+exported per bin of their ``id``, waiting auctions per bin of their ``seller`` — the columns
+the two inputs are exchanged by — so a job restored at another worker count finds each
+person and each waiting auction on the worker its exchange now routes it to.  The join holds
+no tokens, so nothing is re-minted.
 """
 
 from __future__ import annotations
@@ -41,6 +47,7 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
+from tokenflow.nexmark.queries._windows import ColumnarState, int_column, key_hashes
 
 COLUMNS: list[str] = ["name", "city", "state", "id"]
 SCHEMA: pa.Schema = pa.schema([("name", pa.utf8()), ("city", pa.utf8()), ("state", pa.utf8()),
@@ -60,7 +67,12 @@ PERSON_SCHEMA = pa.schema([("name", pa.utf8()), ("city", pa.utf8()), ("state", p
 """The person columns the join keeps (the key, ``id``, is in ``JoinState.person_row``)."""
 
 
-class JoinState:
+WAITING_SCHEMA = pa.schema([("seller", pa.int64()), ("auction", pa.int64()), ("time", pa.int64())])
+"""Waiting auctions as exported rows: the seller waited for, the auction id, its message's
+logical time (ms)."""
+
+
+class JoinState(ColumnarState):
     """The ``Q3Join`` state of one worker: persons seen and auctions waiting for their seller.
 
     Attributes:
@@ -72,7 +84,14 @@ class JoinState:
     at most ``log2(rows)`` tables are kept (merging a table into its predecessor when it has
     grown as large), so looking rows up stays cheap and appending costs O(rows) amortized;
     the logical time (ms) of each person's message is in a growing ``int64`` numpy buffer.
+
+    As a ``BinnedState`` (``ColumnarState``): part 0, the persons ``(id, name, city, state,
+    time)`` keyed by ``id``; part 1, the waiting auctions (``WAITING_SCHEMA``) keyed by
+    ``seller``, each seller's auctions in arrival order.  No pending times (the join holds no
+    tokens).
     """
+
+    PARTS = (("id", "name", "city", "state", "time"), tuple(WAITING_SCHEMA.names))
 
     def __init__(self) -> None:
         self.person_row: dict[int, int] = {}
@@ -163,26 +182,62 @@ class JoinState:
 
     # -- checkpoints --------------------------------------------------------------------------
 
+    def person_table(self) -> pa.Table:
+        """Every stored person as ``(id, name, city, state, time)`` (a copy), by row."""
+        ids = np.empty(self._rows, dtype=np.int64)
+        n = len(self.person_row)  # == rows: person ids are unique
+        if n:
+            ids[np.fromiter(self.person_row.values(), dtype=np.int64, count=n)] = \
+                np.fromiter(self.person_row.keys(), dtype=np.int64, count=n)
+        persons = self.persons()
+        return pa.table({"id": ids, "name": persons.column("name"), "city": persons.column("city"),
+                         "state": persons.column("state"), "time": self.times().copy()})
+
+    def waiting_table(self) -> pa.Table:
+        """Every waiting auction as a ``WAITING_SCHEMA`` row, each seller's in arrival order."""
+        if not self.waiting:
+            return WAITING_SCHEMA.empty_table()
+        counts = np.fromiter(map(len, self.waiting.values()), dtype=np.int64,
+                             count=len(self.waiting))
+        sellers = np.repeat(np.fromiter(self.waiting.keys(), dtype=np.int64,
+                                        count=len(self.waiting)), counts)
+        pairs = np.array([p for w in self.waiting.values() for p in w],
+                         dtype=np.int64).reshape(-1, 2)
+        return pa.table([sellers, pairs[:, 0], pairs[:, 1]], schema=WAITING_SCHEMA)
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        persons, waiting = self.person_table(), self.waiting_table()
+        return [(persons, key_hashes(persons, "id")), (waiting, key_hashes(waiting, "seller"))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        if part == 0:
+            ids = table.column("id").to_numpy()
+            first = self._rows
+            self.person_row.update(zip(ids.tolist(), range(first, first + len(ids)), strict=True))
+            self._append(table.select(PERSON_SCHEMA.names).cast(PERSON_SCHEMA).combine_chunks(),
+                         int_column(table, "time"))
+            return
+        waiting = self.waiting
+        for seller, auction, time in zip(int_column(table, "seller").tolist(),
+                                         int_column(table, "auction").tolist(),
+                                         int_column(table, "time").tolist(), strict=True):
+            waiting.setdefault(seller, []).append((auction, time))
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def snapshot(self) -> dict[str, Any]:
         """The state as plain data: ``{"persons": Table(id, name, city, state, time),
         "waiting": {seller: [(auction id, time), ...]}}`` (copies; safe to pickle)."""
-        ids = np.empty(self._rows, dtype=np.int64)
-        for pid, row in self.person_row.items():
-            ids[row] = pid
-        persons = self.persons()
-        table = pa.table({"id": ids, "name": persons.column("name"), "city": persons.column("city"),
-                          "state": persons.column("state"), "time": self.times().copy()})
-        return {"persons": table, "waiting": {k: list(v) for k, v in self.waiting.items()}}
+        return {"persons": self.person_table(),
+                "waiting": {k: list(v) for k, v in self.waiting.items()}}
 
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Replace the state by a ``snapshot()``."""
         table: pa.Table = snapshot["persons"]
-        self.__init__()  # type: ignore[misc]
+        self.clear()
         if table.num_rows:
-            ids = table.column("id").to_numpy()
-            self.person_row = dict(zip(ids.tolist(), range(len(ids)), strict=True))
-            self._append(table.select(PERSON_SCHEMA.names).cast(PERSON_SCHEMA).combine_chunks(),
-                         table.column("time").to_numpy().astype(np.int64))
+            self.add_rows(0, table)
         self.waiting = {k: list(v) for k, v in snapshot["waiting"].items()}
 
 
@@ -212,12 +267,13 @@ def join(auctions: Stream, persons: Stream, name: str = "Q3Join",
     """The incremental join of ``auctions`` ``(id, seller)`` with ``persons``
     ``(id, name, city, state)`` on ``seller = id`` (see the module docstring).
 
-    ``states``, when given, receives this worker's ``JoinState`` (for snapshots and tests).
+    The worker's ``JoinState`` is declared as the operator's state ``"join"`` (restored from a
+    snapshot before the join runs); ``states``, when given, also receives it (for tests).
     """
 
     def constructor(capability: Any, info: OperatorInfo) -> Any:
         capability.drop()  # outputs are sent with the arriving message's token
-        state = JoinState()
+        state = info.state("join", JoinState())
         if states is not None:
             states.append(state)
 

@@ -36,6 +36,11 @@ Dataflow:
    are advanced vectorized (lexsort by (category, time), cumulative sums) and one row per
    (category, time) is sent at that time.  Tokens: a ``CapabilitySet`` with one token at the
    least pending time.
+
+State: ``Q4Close`` declares its ``AuctionBook`` as ``"book"`` (open auctions per bin of ``id``,
+waiting bids per bin of ``auction``: the same value, the key both inputs are exchanged by) and
+``Q4Average`` its ``CategoryAverages`` as ``"averages"`` (per bin of ``category``).  Restored
+from a snapshot, each re-mints its one token at its state's ``pending_times()``.
 """
 
 from __future__ import annotations
@@ -52,11 +57,13 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary_frontier, unary_frontier
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
+    ColumnarState,
     coalesce,
     drain,
     frontier_bound,
     group_slices,
     int_column,
+    key_hashes,
 )
 
 COLUMNS: list[str] = ["category", "avg_price", "time"]
@@ -86,16 +93,23 @@ GROUP BY a.id, a.category, a.expires
 """Spark SQL: the winning price of every auction with a qualifying bid (for tests)."""
 
 _AUCTION_FIELDS = ("id", "category", "reserve", "dateTime", "expires", "best")
+_BID_FIELDS = ("auction", "price", "dateTime")
 
 
-class AuctionBook:
+class AuctionBook(ColumnarState):
     """Open auctions with their best qualifying price, and bids waiting for their auction.
 
     State (plain, snapshot-able): ``open`` — a dict of int64 numpy arrays ``id, category,
     reserve (cents), dateTime (ms), expires (ms), best (cents, -1 = no qualifying bid yet)``
     sorted by ``id``; ``waiting`` — ``auction, price, dateTime`` arrays of unmatched bids.
     Auction ids are unique (one ``add_auctions`` per id).
+
+    As a ``BinnedState`` (``ColumnarState``): part 0, the open auctions keyed by ``id``;
+    part 1, the waiting bids keyed by ``auction``.  ``pending_times()``: the least open
+    ``expires`` (the operator's one token).
     """
+
+    PARTS = (_AUCTION_FIELDS, _BID_FIELDS)
 
     def __init__(self) -> None:
         empty = np.zeros(0, dtype=np.int64)
@@ -190,6 +204,24 @@ class AuctionBook:
         least = self.least_expires()
         return [] if least is None else [least]
 
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        snap = self.snapshot()
+        return [(snap["open"], key_hashes(snap["open"], "id")),
+                (snap["waiting"], key_hashes(snap["waiting"], "auction"))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        if part == 0:
+            merged = {k: np.concatenate([self.open[k], int_column(table, k)])
+                      for k in _AUCTION_FIELDS}
+            order = np.argsort(merged["id"], kind="stable")
+            self.open = {k: v[order] for k, v in merged.items()}
+        else:
+            self.waiting = {k: np.concatenate([self.waiting[k], int_column(table, k)])
+                            for k in _BID_FIELDS}
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def snapshot(self) -> dict[str, Any]:
         """``{"open": pa.Table, "waiting": pa.Table}`` (copies: ``best`` changes in place)."""
         return {"open": pa.table({k: v.copy() for k, v in self.open.items()}),
@@ -202,18 +234,18 @@ class AuctionBook:
                         for k in ("auction", "price", "dateTime")}
 
 
-def close_auctions(auctions: Stream, bids: Stream, book: AuctionBook | None = None,
-                   name: str = "Q4Close") -> Stream:
+def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close") -> Stream:
     """Stage 1: ``(category, price)`` (``WINNER_SCHEMA``) of every auction with a winning bid,
     sent at time ``expires`` once the bid frontier has reached it (or the bids ended).
 
     Inputs: auction batches (exchanged by ``id``) and bid batches (exchanged by ``auction``).
-    Tokens: one, at the least open ``expires``, in a ``CapabilitySet`` (see the module notes);
-    a restored ``book`` gets it from the initial token.
+    Tokens: one, at the least open ``expires``, in a ``CapabilitySet`` (see the module notes).
+    State: ``"book"``, an ``AuctionBook``; restored from a snapshot, its token is minted from
+    the initial token.
     """
-    state = book if book is not None else AuctionBook()
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        state = info.state("book", AuctionBook())
         token = CapabilitySet(capability.delayed(t) for t in state.pending_times())
         capability.drop()
 
@@ -253,12 +285,24 @@ def close_auctions(auctions: Stream, bids: Stream, book: AuctionBook | None = No
                            name, constructor)
 
 
-class CategoryAverages:
+TOTALS_SCHEMA = pa.schema([("category", pa.int64()), ("sum", pa.int64()), ("count", pa.int64())])
+"""``CategoryAverages``' running totals as exported rows (cents, auctions)."""
+PENDING_SCHEMA = pa.schema([("category", pa.int64()), ("price", pa.int64()), ("time", pa.int64())])
+"""``CategoryAverages``' pending winners as exported rows (time: ms, when they closed)."""
+
+
+class CategoryAverages(ColumnarState):
     """Running sum and count of winning prices per category, and winners waiting for their time.
 
     State (plain, snapshot-able): ``sums``, ``counts``: ``dict[category, int]`` (cents, auctions);
     ``pending``: ``list[(time_ms, pa.RecordBatch(category, price))]``.
+
+    As a ``BinnedState`` (``ColumnarState``): part 0, the totals (``TOTALS_SCHEMA``); part 1,
+    the pending winners (``PENDING_SCHEMA``); both keyed by ``category``.
+    ``pending_times()``: the least pending time (the operator's one token).
     """
+
+    PARTS = (tuple(TOTALS_SCHEMA.names), tuple(PENDING_SCHEMA.names))
 
     def __init__(self) -> None:
         self.sums: dict[int, int] = {}
@@ -304,6 +348,43 @@ class CategoryAverages:
         """The least pending time (the one token needed), or ``[]``."""
         return [min(t for t, _ in self.pending)] if self.pending else []
 
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        n = len(self.sums)
+        totals = pa.table([np.fromiter(self.sums.keys(), np.int64, n),
+                           np.fromiter(self.sums.values(), np.int64, n),
+                           np.fromiter((self.counts[k] for k in self.sums), np.int64, n)],
+                          schema=TOTALS_SCHEMA)
+        if self.pending:
+            winners = pa.Table.from_batches([b for _, b in self.pending]) \
+                .select(["category", "price"]).cast(WINNER_SCHEMA)
+            times = np.repeat(np.fromiter((t for t, _ in self.pending), np.int64),
+                              [len(b) for _, b in self.pending])
+            pending = winners.append_column("time", pa.array(times, pa.int64()))
+        else:
+            pending = PENDING_SCHEMA.empty_table()
+        return [(totals, key_hashes(totals, "category")),
+                (pending, key_hashes(pending, "category"))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        if part == 0:
+            for k, s, c in zip(int_column(table, "category").tolist(),
+                               int_column(table, "sum").tolist(),
+                               int_column(table, "count").tolist(), strict=True):
+                self.sums[k] = s
+                self.counts[k] = c
+            return
+        times = int_column(table, "time")
+        order = np.argsort(times, kind="stable")
+        winners = pa.RecordBatch.from_arrays(
+            [pa.array(int_column(table, "category")[order]),
+             pa.array(int_column(table, "price")[order])], schema=WINNER_SCHEMA)
+        keys, lo, hi = group_slices(times[order])
+        for t, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            self.pending.append((t, winners.slice(a, b - a)))
+
+    def clear(self) -> None:
+        self.__init__()  # type: ignore[misc]
+
     def snapshot(self) -> dict[str, Any]:
         """``{"sums", "counts": dict, "pending": [(time, RecordBatch)]}`` (copies of the dicts)."""
         return {"sums": dict(self.sums), "counts": dict(self.counts),
@@ -316,14 +397,15 @@ class CategoryAverages:
         self.pending = [(int(t), b) for t, b in snapshot["pending"]]
 
 
-def running_average(winners: Stream, state: CategoryAverages | None = None,
-                    name: str = "Q4Average") -> Stream:
+def running_average(winners: Stream, name: str = "Q4Average") -> Stream:
     """Stage 2: exchange winners by ``category``; once the frontier passes a time, send one
     ``SCHEMA`` row per category whose average changed at that time (at that time, in time
-    order).  Tokens: a ``CapabilitySet`` with one token at the least pending time."""
-    held = state if state is not None else CategoryAverages()
+    order).  Tokens: a ``CapabilitySet`` with one token at the least pending time.  State:
+    ``"averages"``, a ``CategoryAverages``; restored from a snapshot, its token is minted from
+    the initial token."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        held = info.state("averages", CategoryAverages())
         token = CapabilitySet(capability.delayed(t) for t in held.pending_times())
         capability.drop()
 
@@ -392,6 +474,6 @@ def compare(dataflow_df: pd.DataFrame, spark_df: pd.DataFrame) -> None:
             f"category vs Spark's final average):\n{bad.to_string(index=False)}")
 
 
-__all__ = ["COLUMNS", "SCHEMA", "SPARK_SQL", "WINNERS_SQL", "WINNER_SCHEMA", "AuctionBook",
-           "CategoryAverages", "build", "close_auctions", "compare", "last_per_category",
-           "running_average"]
+__all__ = ["COLUMNS", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TOTALS_SCHEMA", "WINNERS_SQL",
+           "WINNER_SCHEMA", "AuctionBook", "CategoryAverages", "build", "close_auctions",
+           "compare", "last_per_category", "running_average"]

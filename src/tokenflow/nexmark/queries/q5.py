@@ -25,6 +25,11 @@ Dataflow:
 2. ``Q5GlobalMax`` (exchange by ``window_start``): the worker owning a window keeps the
    candidates with the largest count and sends them once its frontier has passed
    ``window_end`` (``_windows.window_max``).
+
+State: ``Q5Count`` declares its ``WindowCounts`` as ``"counts"`` (partial counts per bin of
+``auction``, the key of its exchange); ``Q5GlobalMax`` its ``WindowMaxState`` (per bin of
+``window_start``).  ``Q5PreCount`` keeps nothing between invocations.  Restored from a
+snapshot, each operator re-mints one token per open window end (``pending_times()``).
 """
 
 from __future__ import annotations
@@ -40,12 +45,14 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
+    ColumnarState,
     WindowTokens,
     concat,
     drain,
     frontier_bound,
     group_slices,
     int_column,
+    key_hashes,
     passed,
     window_max,
 )
@@ -77,12 +84,22 @@ COMPACT_AFTER = 64
 """Partial count arrays a window accumulates before they are summed into one."""
 
 
-class WindowCounts:
+COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
+                           ("count", pa.int64())])
+"""``WindowCounts`` as exported rows: a partial count of ``auction``'s bids in the window
+ending at ``window_end`` (ms)."""
+
+
+class WindowCounts(ColumnarState):
     """Partial bid counts per ``(window, auction)`` for the open windows of one worker.
 
     State (plain, snapshot-able): ``partials: dict[window_end_ms, list[(auctions, counts)]]``,
     int64 numpy arrays of equal length (an auction may repeat across partials).  Tokens are not
     state: the operator holds one per key of ``partials`` (``pending_times``).
+
+    As a ``BinnedState`` (``ColumnarState``): the partials (``COUNTS_SCHEMA``, summed per
+    window and auction) keyed by ``auction``.  The window size and slide are the operator's
+    parameters, not exported.
 
     Raises:
         ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
@@ -126,6 +143,26 @@ class WindowCounts:
     def pending_times(self) -> list[int]:
         """Window ends that need a token."""
         return sorted(self.partials)
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        ends, auctions, counts = [], [], []
+        for end, parts in self.partials.items():
+            a, c = _sum_counts(parts)
+            ends.append(np.full(len(a), end, dtype=np.int64))
+            auctions.append(a)
+            counts.append(c)
+        if not ends:
+            return [(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64))]
+        table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
+                         schema=COUNTS_SCHEMA)
+        return [(table, key_hashes(table, "auction"))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        ends = int_column(table, "window_end")
+        self.add(ends - self.size, int_column(table, "auction"), int_column(table, "count"))
+
+    def clear(self) -> None:
+        self.partials = {}
 
     def snapshot(self) -> dict[str, Any]:
         """``{"size", "slide", "windows": {end: pa.Table(auction, count)}}`` (summed)."""
@@ -204,19 +241,18 @@ def _sum_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return unique, totals
 
 
-def count_candidates(partials: Stream, state: WindowCounts | None = None,
-                     name: str = "Q5Count") -> Stream:
+def count_candidates(partials: Stream, name: str = "Q5Count") -> Stream:
     """Stage 1: per window, this worker's auctions with the most bids, sent at ``window_end``.
 
     Input: ``PARTIAL_SCHEMA`` batches (``pre_count``), exchanged by ``auction`` here.  Tokens:
     one per open window, minted at its end from the least message ref of the invocation that
     opened it (every bid's windows end after its ``dateTime`` >= its message time), dropped
-    after the window's candidates are sent.  A restored ``state`` gets its tokens from the
-    initial token.
+    after the window's candidates are sent.  State: ``"counts"``, a ``WindowCounts``;
+    restored from a snapshot, its windows get their tokens from the initial token.
     """
-    held = state if state is not None else WindowCounts()
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        held = info.state("counts", WindowCounts())
         tokens = WindowTokens(capability, held.pending_times())
         capability.drop()
 
@@ -247,5 +283,5 @@ def build(streams: dict[str, Stream], config: Any = None) -> Stream:
                       name="Q5GlobalMax")
 
 
-__all__ = ["COLUMNS", "PARTIAL_SCHEMA", "SCHEMA", "SIZE_MS", "SLIDE_MS", "SPARK_SQL",
+__all__ = ["COLUMNS", "COUNTS_SCHEMA", "PARTIAL_SCHEMA", "SCHEMA", "SIZE_MS", "SLIDE_MS", "SPARK_SQL",
            "WindowCounts", "build", "count_candidates", "partial_counts", "pre_count"]

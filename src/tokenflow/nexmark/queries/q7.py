@@ -19,7 +19,11 @@ Dataflow:
 2. ``GlobalMax`` (exchange by ``window_start``): the worker owning a window keeps the rows with
    the largest of the local maxima and sends them once its frontier has passed ``window_end``.
 
-State lives in ``_windows.WindowMaxState`` objects (``snapshot()`` / ``restore()``).
+State: both stages declare a ``_windows.WindowMaxState`` (``window_max``): ``LocalMax``'s is
+worker-local (pipeline pact: a snapshot holds it under the worker's home bin, and a job
+restored at another worker count merges the local maxima of the old workers that land on one
+worker, which leaves the global maximum unchanged); ``GlobalMax``'s is kept per bin of
+``window_start``, the column it is exchanged by.  Either re-mints one token per open window.
 """
 
 from __future__ import annotations

@@ -22,6 +22,11 @@ neither input frontier is before the end it emits the window's persons whose id 
 sellers (``pyarrow.compute.is_in``) at logical time ``window_end``, drops the token and the
 window's state.  Windows are retired in order of their ends, several per activation when the
 frontiers jump.
+
+State: ``Q8Join`` declares its ``WindowState`` as ``"windows"``: persons per bin of ``id``,
+sellers per bin of ``seller`` (the columns the inputs are exchanged by).  Restored from a
+snapshot, the operator re-mints one token per open window end (``pending_times()``) from its
+initial token.
 """
 
 from __future__ import annotations
@@ -39,6 +44,7 @@ from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
+from tokenflow.nexmark.queries._windows import ColumnarState, int_column, key_hashes
 
 COLUMNS: list[str] = ["window_start", "window_end", "id", "name"]
 SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.int64()),
@@ -57,9 +63,13 @@ JOIN (SELECT seller, window(timestamp_millis(dateTime), '10 seconds') AS w FROM 
 """
 
 PERSON_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.utf8())])
+PERSON_ROWS = pa.schema([("window_end", pa.int64()), ("id", pa.int64()), ("name", pa.utf8())])
+"""``WindowState``'s persons as exported rows (``window_end`` in ms)."""
+SELLER_ROWS = pa.schema([("window_end", pa.int64()), ("seller", pa.int64())])
+"""``WindowState``'s sellers as exported rows (``window_end`` in ms)."""
 
 
-class WindowState:
+class WindowState(ColumnarState):
     """The ``Q8Join`` state of one worker: the open windows' persons and sellers.
 
     Attributes:
@@ -69,9 +79,15 @@ class WindowState:
             the window.
 
     The operator's tokens (one per open window, at its end) are not part of the state: they
-    follow from its keys (``snapshot()["windows"]``); an operator restoring a snapshot must
-    hold a token at or before the earliest of them to re-create them.
+    follow from its keys (``pending_times()``); an operator restoring a snapshot must hold a
+    token at or before the earliest of them to re-create them.
+
+    As a ``BinnedState`` (``ColumnarState``): part 0, the persons (``PERSON_ROWS``) keyed by
+    ``id``; part 1, the sellers (``SELLER_ROWS``) keyed by ``seller``.  The window size is the
+    operator's parameter, not exported.
     """
+
+    PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
 
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
@@ -119,6 +135,50 @@ class WindowState:
              found.column("id").combine_chunks(), found.column("name").combine_chunks()],
             schema=SCHEMA)
 
+    def pending_times(self) -> list[int]:
+        """The open windows' ends (ms), ascending: one token each."""
+        return sorted(set(self.persons) | set(self.sellers))
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        person_parts = [pa.Table.from_batches(batches, schema=PERSON_SCHEMA)
+                        for batches in self.persons.values()]
+        ends = [np.full(t.num_rows, end, dtype=np.int64)
+                for end, t in zip(self.persons, person_parts, strict=True)]
+        if person_parts:
+            people = pa.concat_tables(person_parts)
+            persons = pa.table([np.concatenate(ends), people.column("id"), people.column("name")],
+                               schema=PERSON_ROWS)
+        else:
+            persons = PERSON_ROWS.empty_table()
+        seller_arrays = [np.concatenate(arrays) for arrays in self.sellers.values()]
+        if seller_arrays:
+            sellers = pa.table([np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a
+                                                in zip(self.sellers, seller_arrays, strict=True)]),
+                                np.concatenate(seller_arrays).astype(np.int64, copy=False)],
+                               schema=SELLER_ROWS)
+        else:
+            sellers = SELLER_ROWS.empty_table()
+        return [(persons, key_hashes(persons, "id")), (sellers, key_hashes(sellers, "seller"))]
+
+    def add_rows(self, part: int, table: pa.Table) -> None:
+        ends = int_column(table, "window_end")
+        order = np.argsort(ends, kind="stable")
+        unique, starts = np.unique(ends[order], return_index=True)
+        stops = np.r_[starts[1:], len(order)]
+        if part == 0:
+            rows = table.select(PERSON_SCHEMA.names).cast(PERSON_SCHEMA) \
+                .take(pa.array(order)).combine_chunks()
+            for end, lo, hi in zip(unique.tolist(), starts.tolist(), stops.tolist(), strict=True):
+                self.persons.setdefault(end, []).extend(rows.slice(lo, hi - lo).to_batches())
+        else:
+            sellers = int_column(table, "seller")[order]
+            for end, lo, hi in zip(unique.tolist(), starts.tolist(), stops.tolist(), strict=True):
+                self.sellers.setdefault(end, []).append(sellers[lo:hi])
+
+    def clear(self) -> None:
+        self.persons = {}
+        self.sellers = {}
+
     def snapshot(self) -> dict[str, Any]:
         """The state as plain data: ``{"size": ms, "windows": [ends], "persons": {end:
         Table(id, name)}, "sellers": {end: int64 array}}`` (safe to pickle)."""
@@ -145,16 +205,19 @@ def _empty() -> pa.RecordBatch:
 def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "Q8Join",
          states: list[WindowState] | None = None) -> Stream:
     """The windowed join of ``persons`` ``(id, name, dateTime)`` and ``auctions``
-    ``(seller, dateTime)`` (see the module docstring); ``states`` receives this worker's
-    ``WindowState`` when given."""
+    ``(seller, dateTime)`` (see the module docstring).  The worker's ``WindowState`` is the
+    operator's declared state ``"windows"``; ``states`` also receives it when given (tests)."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
-        capability.drop()  # only open windows hold tokens
-        state = WindowState(size)
+        state = info.state("windows", WindowState(size))
         if states is not None:
             states.append(state)
-        tokens: dict[int, Capability] = {}  # window end -> token at that end
-        ends: list[int] = []  # heap of the keys of ``tokens``
+        # window end -> token at that end: a restored state's windows get theirs from the
+        # initial token, which is then dropped (only open windows hold tokens)
+        tokens: dict[int, Capability] = {end: capability.delayed(end)
+                                         for end in state.pending_times()}
+        ends: list[int] = sorted(tokens)  # heap of the keys of ``tokens``
+        capability.drop()
 
         def open_windows(ref: Any, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
             unique, rows = state.windows(times)
