@@ -215,3 +215,83 @@ def test_worker_error_line_drops_repeated_prefix() -> None:
     assert worker_error_line(wrapped) == "worker 2 failed: KeyError: 'x'"
     plain = WorkerError(0, ValueError("bad\nsecond line"))
     assert worker_error_line(plain) == "worker 0 failed: ValueError: bad"
+
+
+# -- snapshot, stop and restore -----------------------------------------------------------------
+
+WORDCOUNT = textwrap.dedent('''
+    """A running word count over a replayable table source, written with to_parquet to OUT
+    (a path relative to the current directory); slowed down so that a stop lands mid-run."""
+    import os
+    import time
+
+    import numpy as np
+    import pyarrow as pa
+
+    from tokenflow.dataflow.operators.stateful import state_machine
+    from tokenflow.io import to_parquet
+    from tokenflow.io.sources import replayable_source, table_splits
+
+    rng = np.random.default_rng(1)
+    TABLE = pa.table({"t": np.sort(rng.integers(0, 60, 6_000)),
+                      "word": np.array([f"w{i}" for i in range(50)])[rng.integers(0, 50, 6_000)]})
+
+
+    def slow(batch):
+        time.sleep(0.02)
+        return [(w, 1) for w in batch.column("word").to_pylist()]
+
+
+    def job(worker):
+        out = os.path.abspath(os.environ["WORDCOUNT_OUT"])
+
+        def build(scope):
+            words, _ = replayable_source(scope, "words", table_splits(TABLE, 4, time="t"),
+                                         time="t", max_rows=100)
+            counts = state_machine(words.map_batch(slow),
+                                   lambda w, n, c: ((c or 0) + n, [(w, (c or 0) + n)]))
+            to_parquet(counts, out, columns=["word", "count"], granularity=5)
+
+        worker.dataflow(build)
+''')
+
+
+def test_snapshot_stop_and_restore_at_another_worker_count(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """``run --snapshot-dir --stop-after`` stops mid-run with a snapshot; ``run --restore`` at
+    3 workers finishes; the committed dataset equals an uninterrupted run's."""
+    from tokenflow.io import read_committed
+
+    (tmp_path / "wc_job.py").write_text(WORDCOUNT)
+    monkeypatch.chdir(tmp_path)
+
+    def rows(path: str) -> list[tuple[object, ...]]:
+        data = read_committed(path)
+        return sorted(zip(*(data.column(c).to_pylist() for c in ("time", "word", "count")),
+                          strict=True))
+
+    monkeypatch.setenv("WORDCOUNT_OUT", "whole")
+    code, _, _ = invoke("run", "wc_job.py:job", "--workers", "2", "--runtime", "process", "-q")
+    assert code == 0
+    monkeypatch.setenv("WORDCOUNT_OUT", "cut")
+    code, stdout, _ = invoke("run", "wc_job.py:job", "--workers", "2", "--runtime", "process", "-q",
+                             "--snapshot-dir", "snaps", "--stop-after", "1.5")
+    assert code == 0, stdout
+    epoch = int(re.search(r"snapshot of epoch (\d+) in snaps", stdout).group(1))  # type: ignore[union-attr]
+    assert 0 <= epoch < 60
+    code, stdout, _ = invoke("snapshots", "snaps")
+    assert code == 0 and re.search(rf"\b{epoch}\b.*wc_job.py:job", stdout), stdout
+    code, stdout, _ = invoke("run", "wc_job.py:job", "--workers", "3", "--runtime", "process", "-q",
+                             "--restore", "snaps")
+    assert code == 0, stdout
+    assert rows("cut") == rows("whole")
+    code, _, stderr = invoke("run", "wc_job.py:job", "--workers", "2", "-q", "--restore", "snaps",
+                             "--name", "another")
+    assert code == 1 and "another" in stderr and "MANIFEST.json" in stderr
+
+
+def test_stop_asks_the_job_through_its_snapshot_directory(tmp_path: Path) -> None:
+    code, _, stderr = invoke("stop", str(tmp_path / "missing"))
+    assert code == 2 and "no snapshot directory" in stderr
+    code, _, _ = invoke("stop", str(tmp_path))
+    assert code == 0 and (tmp_path / ".stop-request").exists()

@@ -3,7 +3,16 @@
 Usage::
 
     tokenflow run MODULE:FUNCTION --workers 2 --runtime thread|process|spark [--master URL] [--quiet]
+                  [--snapshot-dir DIR [--stop-after S]] [--restore DIR] [--name NAME]
+    tokenflow stop DIR              ask the job running with --snapshot-dir DIR to snapshot and stop
+    tokenflow snapshots DIR         list the committed snapshots in DIR
     tokenflow --version
+
+With ``--snapshot-dir`` the job runs under the control plane (``tokenflow.control``): Ctrl-C,
+SIGTERM, ``tokenflow stop DIR`` or ``--stop-after`` pause every replayable source at a common
+epoch boundary, write a snapshot of every worker's state and source positions into ``DIR`` and
+stop the job; ``--restore DIR`` starts the same job from its latest snapshot at any number of
+workers (a cold rescale: only the bins whose owner changes are read by another worker).
 
 ``MODULE`` is a dotted module name, imported with the current directory first on ``sys.path``,
 or a path to a ``.py`` file; ``FUNCTION(worker)`` is the worker function given to
@@ -210,17 +219,33 @@ def run(
     master: Annotated[str | None, typer.Option(help="Spark master URL (spark only; default local[W]).")
                       ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress table.")] = False,
+    snapshot_dir: Annotated[Path | None, typer.Option(
+        "--snapshot-dir", help="On Ctrl-C, SIGTERM, `tokenflow stop DIR` or --stop-after, pause "
+                               "the job at an epoch boundary, write a snapshot here and stop.")] = None,
+    stop_after: Annotated[float | None, typer.Option(
+        "--stop-after", min=0, help="Seconds after the start to snapshot and stop (needs "
+                                    "--snapshot-dir).")] = None,
+    restore: Annotated[Path | None, typer.Option(
+        "--restore", help="Start from the latest snapshot in DIR, at --workers workers (any "
+                          "number: only the bins whose owner changes move).")] = None,
+    name: Annotated[str | None, typer.Option(
+        "--name", help="The job's name, matched against a restored snapshot (default "
+                       "MODULE:FUNCTION).")] = None,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
     out = Console(highlight=False, soft_wrap=True)
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
+    if stop_after is not None and snapshot_dir is None:
+        _fail("--stop-after needs --snapshot-dir", 2)
     try:
         fn = load_target(target)
     except TargetError as exc:
         _fail(f"bad MODULE:FUNCTION: {exc}", 2)
-    options: dict[str, Any] = {}
+    options: dict[str, Any] = {"name": name or target}
+    if restore is not None:
+        options["restore"] = str(restore)
     startup: float | None = None
     if runtime is Runtime.spark:
         master = master or f"local[{workers}]"
@@ -228,14 +253,96 @@ def run(
         startup = _start_spark(master, err, quiet)
     coordinator, options["report_to"] = _coordinator(runtime, master)
     try:
-        outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
+        if snapshot_dir is None:
+            outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
+        else:
+            outcome = _run_until_stopped(fn, workers, runtime.value, options, coordinator, err,
+                                         quiet, snapshot_dir, stop_after)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
+    except Exception as exc:  # noqa: BLE001 - a snapshot that cannot be taken or restored
+        _fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 1)
     finally:
         coordinator.close()
         _stop_spark()
     _raise_outcome(outcome)
     _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
+    if "snapshot" in outcome:
+        out.print(f"snapshot of epoch {outcome['snapshot']} in {snapshot_dir}; continue with: "
+                  f"tokenflow run {target} --restore {snapshot_dir} --workers N")
+
+
+STOP_REQUEST = ".stop-request"
+"""The file ``tokenflow stop DIR`` creates in a snapshot directory to ask its job to stop."""
+
+
+def _run_until_stopped(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
+                       coordinator: Coordinator, err: Console, quiet: bool, directory: Path,
+                       stop_after: float | None) -> dict[str, Any]:
+    """Run the job under the control plane; on a stop request (Ctrl-C, SIGTERM, the stop file,
+    ``stop_after``) snapshot it into ``directory`` and stop it."""
+    import signal
+
+    from tokenflow.job import start
+
+    directory.mkdir(parents=True, exist_ok=True)
+    request = directory / STOP_REQUEST
+    request.unlink(missing_ok=True)
+    handle = start(fn, workers, runtime, coordinator=coordinator, **options)
+    asked = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: asked.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    began = time.monotonic()
+
+    def stop_wanted() -> bool:
+        return asked.is_set() or request.exists() or \
+            (stop_after is not None and time.monotonic() - began >= stop_after)
+
+    snapshot: dict[str, Any] = {}
+
+    def on_stop() -> None:
+        if not quiet:
+            err.print(f"stopping: pausing at an epoch boundary, snapshot into {directory} ...")
+        snapshot["epoch"] = handle.snapshot(str(directory))
+        request.unlink(missing_ok=True)
+
+    try:
+        outcome = _live(handle.result, workers, runtime, coordinator, err, quiet, stop_wanted, on_stop)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if "result" in outcome:
+        outcome["results"] = outcome.pop("result")
+    if "epoch" in snapshot:
+        outcome["snapshot"] = snapshot["epoch"]
+    return outcome
+
+
+@app.command()
+def stop(directory: Annotated[Path, typer.Argument(metavar="DIR", help="The job's --snapshot-dir.")]
+         ) -> None:
+    """Ask the job running with --snapshot-dir DIR to snapshot at an epoch boundary and stop."""
+    if not directory.is_dir():
+        _fail(f"no snapshot directory {directory}", 2)
+    (directory / STOP_REQUEST).touch()
+    Console(highlight=False).print(f"asked the job using {directory} to snapshot and stop")
+
+
+@app.command()
+def snapshots(directory: Annotated[Path, typer.Argument(metavar="DIR", help="A snapshot directory.")]
+              ) -> None:
+    """List the committed snapshots in DIR: epoch, job, workers, bins and bytes."""
+    from tokenflow.state.snapshot import Snapshot, SnapshotError, committed_epochs
+
+    table = Table("epoch", "job", "workers", "bins", "bytes")
+    try:
+        for epoch in committed_epochs(str(directory)):
+            snap = Snapshot.open(str(directory), epoch)
+            table.add_row(str(epoch), snap.job, str(len(snap.workers)), str(snap.bins),
+                          f"{sum(snap.stored_bytes().values()):,}")
+    except SnapshotError as exc:
+        _fail(str(exc), 1)
+    Console(highlight=False).print(table)
 
 
 def worker_error_line(error: WorkerError) -> str:
@@ -295,9 +402,11 @@ def _run_with_progress(fn: Callable[..., Any], workers: int, runtime: str, optio
 
 
 def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coordinator,
-          err: Console, quiet: bool) -> dict[str, Any]:
+          err: Console, quiet: bool, stop_wanted: Callable[[], bool] | None = None,
+          on_stop: Callable[[], None] | None = None) -> dict[str, Any]:
     """Run ``call()`` in a background thread while a live table shows the coordinator's
-    per-worker reports; returns ``{"result" or "error", "seconds"}``."""
+    per-worker reports; returns ``{"result" or "error", "seconds"}``.  When ``stop_wanted()``
+    turns true, ``on_stop()`` runs once (on this thread) and the job is awaited."""
     outcome: dict[str, Any] = {}
 
     def job() -> None:
@@ -323,6 +432,9 @@ def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coor
     try:
         while thread.is_alive():
             thread.join(1 / REFRESH_PER_SECOND)
+            if stop_wanted is not None and on_stop is not None and thread.is_alive() and stop_wanted():
+                on_stop()
+                stop_wanted = None
         if "error" not in outcome:  # let every worker's last report arrive
             deadline = time.monotonic() + FINAL_REPORT_WAIT
             while time.monotonic() < deadline and not _all_done(coordinator.snapshot(), workers):

@@ -153,9 +153,11 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
           **options: Any) -> JobHandle:
     """Run ``fn`` like ``execute`` but in the background, under the control plane.
 
-    Returns a ``JobHandle`` (``snapshot``, ``result``).  On ``process`` and ``spark`` a
-    ``Coordinator`` is created for the job unless ``report_to=`` names one's endpoint (pass
-    the coordinator itself as ``coordinator=``).
+    Returns a ``JobHandle`` (``snapshot``, ``result``).  On ``process`` and ``spark`` the
+    commands travel through a ``Coordinator``: pass one as ``coordinator=`` (with
+    ``report_to=`` when workers must reach it at another address than its own), else one is
+    created; on ``thread`` through in-process queues (a given coordinator still receives
+    progress reports).
 
     Raises:
         ValueError: see ``execute``; SnapshotError: see ``JobSpec.create``.
@@ -164,16 +166,18 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
     from tokenflow.execute import execute
 
     spec = JobSpec.create(name or job_name(fn), workers, bins, restore, control=True)
+    coordinator = options.pop("coordinator", None)
     if runtime == "thread":
         hub: Any = QueueHub(workers)
         options["control_hub"] = hub
+        if coordinator is not None:
+            options.setdefault("report_to", coordinator.endpoint)
     else:
-        coordinator = options.pop("coordinator", None)
         if coordinator is None:
             from tokenflow.coordinator import Coordinator
 
             coordinator = Coordinator()
-        options["report_to"] = coordinator.endpoint
+        options.setdefault("report_to", coordinator.endpoint)
         hub = CoordinatorHub(coordinator)
     return JobHandle(spec, workers, hub,
                      lambda: execute(fn, workers=workers, runtime=runtime, spec=spec, **options))

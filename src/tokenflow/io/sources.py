@@ -527,7 +527,6 @@ class _Reader:
         st.times = times
         st.logical = times - times % self.granularity if self.granularity > 1 else times
         st.cursor = 0
-        self.metrics["records_in"] = self.metrics.get("records_in", 0) + len(times)
 
     def _check_sorted(self, st: _State, times: np.ndarray) -> None:
         previous = np.empty(len(times), dtype=np.int64)
@@ -691,6 +690,7 @@ class _Reader:
                     if r1 > r0:
                         pieces[out].append((st.logical[index[r0:r1]], batch.slice(r0, r1 - r0)))
             self._record(st.key, logical, st.offset)
+            self.metrics["records_in"] = self.metrics.get("records_in", 0) + hi - lo
             st.offset += hi - lo
             st.cursor = hi
             consumed += hi - lo
