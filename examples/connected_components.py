@@ -13,6 +13,11 @@ Graph: networkx's Les Misérables co-appearance graph restricted to edges of wei
 nodes relabelled to ints in sorted name order.  The state inside the loop spans the whole run,
 so one run computes the components of one graph (all records are sent in epoch 0).
 
+State: ``propagate`` keeps each node's adjacency list and best label in two ``KeyedState``s
+keyed by node (the key both its inputs are exchanged by); ``least_label`` is a
+``stateful_unary`` whose stash of labels per epoch is kept per bin of the node.  Both are
+declared, so the system can snapshot them per bin and restore them at another worker count.
+
 Run::
 
     python examples/connected_components.py --workers 2 --min-weight 2
@@ -26,10 +31,11 @@ from typing import Any
 
 from tokenflow import InputHandle, execute
 from tokenflow.dataflow.channels import Exchange
-from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput, OperatorOutput
+from tokenflow.dataflow.operators.builder import OperatorBuilder, Session
 from tokenflow.dataflow.operators.capture import Capture
-from tokenflow.dataflow.operators.generic import OperatorInfo, unary_frontier
+from tokenflow.dataflow.operators.stateful import stateful_unary
 from tokenflow.dataflow.scope import Scope
+from tokenflow.dataflow.state import KeyedState
 from tokenflow.dataflow.stream import Stream
 from tokenflow.worker import Worker
 
@@ -80,12 +86,13 @@ def propagate(edges: Stream, proposals: Stream, name: str = "Propagate") -> tupl
     label_in = builder.new_input(proposals, Exchange(_first))
     to_neighbours, neighbour_stream = builder.new_output()
     improved, improved_stream = builder.new_output()
+    # node -> neighbours and node -> least label seen, per bin of the node (no tokens held)
+    adjacency: dict[int, list[int]] = builder.state("adjacency", KeyedState()).data
+    best: dict[int, int] = builder.state("best", KeyedState()).data
 
     def constructor(capabilities: list[Any]) -> Any:
         for cap in capabilities:
             cap.drop()
-        adjacency: dict[int, list[int]] = {}
-        best: dict[int, int] = {}
 
         def logic(frontiers: Any) -> None:
             for ref, batch in edge_in:
@@ -119,29 +126,17 @@ def propagate(edges: Stream, proposals: Stream, name: str = "Propagate") -> tupl
 
 def least_label(stream: Stream, name: str = "LeastLabel") -> Stream:
     """Per epoch, the least label of each node: ``(node, label)`` records at the epoch's time,
-    emitted once the input frontier has passed it (exchanged by node)."""
+    emitted once the input frontier has passed it (exchanged by node; ``stateful_unary``
+    stashes each epoch's proposals per bin of the node, one token per pending epoch)."""
 
-    def constructor(capability: Any, info: OperatorInfo) -> Any:
-        capability.drop()
-        pending: dict[Any, tuple[Any, dict[int, int]]] = {}
+    def least(t: Any, records: list[Label], state: KeyedState[Any, Any], session: Session) -> None:
+        labels: dict[int, int] = {}
+        for node, label in records:
+            if label < labels.get(node, label + 1):
+                labels[node] = label
+        session.give_batch(sorted(labels.items()))
 
-        def logic(data: OperatorInput, output: OperatorOutput) -> None:
-            for ref, batch in data:
-                entry = pending.get(ref.time)
-                if entry is None:
-                    entry = pending[ref.time] = (ref.retain(), {})
-                labels = entry[1]
-                for node, label in batch:
-                    if label < labels.get(node, label + 1):
-                        labels[node] = label
-            for t in sorted(t for t in pending if not data.frontier.less_equal(t)):
-                cap, labels = pending.pop(t)
-                output.give_batch(cap, sorted(labels.items()))
-                cap.drop()
-
-        return logic
-
-    return unary_frontier(stream, Exchange(_first), name, constructor)
+    return stateful_unary(stream, least, key=_first, name=name)
 
 
 def connected_components(edges: Stream, labels: Stream) -> Stream:

@@ -12,6 +12,11 @@ windows without data.  Its state is an ordered map ``window_end -> [Capability, 
   the average with that token and *drops* it — retiring many windows at once, in order, when
   the frontier jumps.
 
+The sums and counts (``window_end -> [sum, count]``) are the operator's declared state: a
+worker-local ``LocalState`` (the operator is pipelined), which the system can snapshot and, on
+a restore, hand to the worker owning this worker's home bin (merging the windows of several
+old workers by adding their sums and counts); the tokens are re-minted at its window ends.
+
 Data: the Les Misérables character co-occurrence graph shipped with ``networkx``
 (``networkx.les_miserables_graph()``, 254 edges, Knuth's Stanford GraphBase data): edge ``i`` in
 the graph's edge order is the event at time ``i`` and its weight (number of co-occurrences) is
@@ -33,7 +38,20 @@ from tokenflow import Capability, Stream, execute
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.capture import Capture
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary_frontier
+from tokenflow.dataflow.state import LocalState
 from tokenflow.worker import Worker
+
+Sums = dict[int, list[Any]]
+"""Open windows: window end -> ``[sum of values, count]``."""
+
+
+def merge_sums(into: Sums, other: Sums) -> Sums:
+    """``into`` with ``other``'s windows added (sums and counts of a window both hold add up)."""
+    for end, (total, count) in other.items():
+        held = into.setdefault(end, [0, 0])
+        held[0] += total
+        held[1] += count
+    return into
 
 
 def edge_weights() -> list[int]:
@@ -55,29 +73,35 @@ def window_average(stream: Stream, window: int, name: str = "WindowAverage") -> 
         raise ValueError(f"window must be > 0, got {window}")
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        state = info.state("sums", LocalState(dict, merge_sums, times=lambda w: w.keys(),
+                                              empty=lambda w: not w))
+        sums: Sums = state.value  # window end -> [sum, count] (restored windows included)
+        # window end -> token (restored windows get theirs from the initial token)
+        tokens: dict[int, Capability] = {end: capability.delayed(end) for end in sums}
+        ends: list[int] = sorted(tokens)  # the map's keys, sorted
         capability.drop()  # the initial token at time 0: no output unprompted
-        windows: dict[int, list[Any]] = {}  # window end -> [Capability, sum, count]
-        ends: list[int] = []  # the map's keys, sorted
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for ref, batch in input:
                 t = ref.time
                 end = t - t % window + window
-                state = windows.get(end)
-                if state is None:
+                acc = sums.get(end)
+                if acc is None:
                     token = ref.retain()  # an owned token at the message's time ...
                     token.downgrade(end)  # ... moved to the end of its window
-                    state = windows[end] = [token, 0, 0]
+                    tokens[end] = token
+                    acc = sums[end] = [0, 0]
                     bisect.insort(ends, end)
-                state[1] += sum(value for _, value in batch)
-                state[2] += len(batch)
+                acc[0] += sum(value for _, value in batch)
+                acc[1] += len(batch)
             # Retire every window whose end the frontier has passed, in order.
             frontier = input.frontier
             closed = 0
             for end in ends:
                 if frontier.less_than(end):
                     break
-                token, total, count = windows.pop(end)
+                token = tokens.pop(end)
+                total, count = sums.pop(end)
                 with output.session(token) as session:  # output at the token's time: end
                     session.give(total / count)
                 token.drop()  # release the ability to produce at `end`

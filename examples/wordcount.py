@@ -4,9 +4,12 @@ The text is ``pydoc_data.topics.topics`` (shipped with CPython: ~80 help topics,
 English).  Epoch ``e`` is the ``e``-th topic in sorted key order.  Each worker reads its share of
 every topic's lines (line ``i`` goes to worker ``i % peers``), tokenizes the share in one regex
 pass (``[a-z']+`` on the lower-cased text) and sends the words as one batch.  ``count_words``
-routes words by a stable hash to the worker owning them, counts them per epoch with
-``Counter.update(batch)`` and emits ``(word, count)`` records for an epoch once the input
-frontier has passed it.
+routes words by a stable hash to the worker owning them (``stateful_unary``: the owner of the
+word's bin), keeps each epoch's words until the input frontier has passed the epoch, then
+counts them with a ``Counter`` and emits ``(word, count)`` records at the epoch.  The words
+waiting for their epoch are the operator's declared state (per bin of the word), so a job
+snapshot holds them and a restore at another worker count re-creates them on the word's new
+owner.
 
 Run::
 
@@ -22,10 +25,10 @@ from collections import Counter
 from typing import Any
 
 from tokenflow import InputHandle, ProbeHandle, Scope, execute
-from tokenflow.dataflow.channels import Exchange
-from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
+from tokenflow.dataflow.operators.builder import Session
 from tokenflow.dataflow.operators.capture import Capture
-from tokenflow.dataflow.operators.generic import OperatorInfo, unary_frontier
+from tokenflow.dataflow.operators.stateful import stateful_unary
+from tokenflow.dataflow.state import KeyedState
 from tokenflow.dataflow.stream import Stream
 from tokenflow.worker import Worker
 
@@ -51,30 +54,15 @@ def count_words(stream: Stream, name: str = "CountWords") -> Stream:
     Input: batches of words (``str``) at integer epochs, on any worker.  The words are
     exchanged by a stable hash of the word, so each word is counted on one worker.  Output:
     for every epoch ``t`` and word seen in it, one ``(word, count)`` record at time ``t``,
-    emitted once the input frontier has passed ``t`` (one retained token per pending epoch,
-    dropped after emitting).
+    emitted once the input frontier has passed ``t`` (one token per pending epoch, dropped
+    after emitting; ``stateful_unary`` stashes the epoch's words in its declared, binned
+    state and re-mints the tokens of a restored stash).
     """
 
-    def constructor(capability: Any, info: OperatorInfo) -> Any:
-        capability.drop()
-        pending: dict[Any, tuple[Any, Counter[str]]] = {}  # epoch -> (token, counts)
+    def count(t: Any, words: list[str], state: KeyedState[Any, Any], session: Session) -> None:
+        session.give_batch(list(Counter(words).items()))
 
-        def logic(words: OperatorInput, output: OperatorOutput) -> None:
-            for ref, batch in words:
-                entry = pending.get(ref.time)
-                if entry is None:
-                    entry = pending[ref.time] = (ref.retain(), Counter())
-                entry[1].update(batch)
-            if pending:
-                frontier = words.frontier
-                for t in sorted(t for t in pending if not frontier.less_equal(t)):
-                    cap, counts = pending.pop(t)
-                    output.give_batch(cap, list(counts.items()))
-                    cap.drop()
-
-        return logic
-
-    return unary_frontier(stream, Exchange(), name, constructor)  # routed by the word itself
+    return stateful_unary(stream, count, name=name)  # routed by the word itself
 
 
 def run(workers: int = 2, texts: list[str] | None = None,
