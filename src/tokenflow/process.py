@@ -65,12 +65,12 @@ FAILURE_GRACE = 2.0
 
 
 def _is_consequence(exc: BaseException) -> bool:
-    """True for a worker failing only because a peer went away (its connection closed or
-    reset): the peer's own report or death is the root cause to name.  A peer refused for
-    sending an oversized or malformed frame is a root cause itself."""
+    """True for a worker failing only because a peer went away (``PeerLostError``: its
+    connection closed or reset): the peer's own report or death is the root cause to name.
+    A refused frame (``FrameRefusedError``) is a root cause itself."""
     from tokenflow.comm.tcp import PeerLostError
 
-    return isinstance(exc, PeerLostError) and "refused a frame" not in str(exc)
+    return isinstance(exc, PeerLostError)
 
 
 def _describe_exit(code: int | None) -> str:

@@ -48,6 +48,16 @@ class PeerLostError(ConnectionError):
         self.worker = worker
 
 
+class FrameRefusedError(ConnectionError):
+    """A peer sent a frame this worker refused (malformed, oversized, of an unknown kind): a
+    failure in its own right, not the consequence of another worker's."""
+
+    def __init__(self, worker: int, address: Address | None, detail: str) -> None:
+        where = f" at {address[0]}:{address[1]}" if address else ""
+        super().__init__(f"refused a frame from worker {worker}{where}: {detail}")
+        self.worker = worker
+
+
 class MeshSetupError(ConnectionError):
     """The mesh could not be formed (peers unreachable or failing authentication)."""
 
@@ -229,7 +239,7 @@ class TcpMesh:
                 self._fail(PeerLostError(j, self._addr(j), f"connection closed ({exc})"))
         except FrameError as exc:
             log.error("worker %d: refused a frame from worker %d: %s", self.index, j, exc)
-            self._fail(PeerLostError(j, self._addr(j), f"refused a frame: {exc}"))
+            self._fail(FrameRefusedError(j, self._addr(j), str(exc)))
         except OSError as exc:
             if not self.closing:
                 self._fail(PeerLostError(j, self._addr(j), str(exc)))
