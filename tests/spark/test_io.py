@@ -411,3 +411,16 @@ def test_to_parquet_rejects_bad_granularity(tmp_path: Path) -> None:
 
     with pytest.raises(WorkerError, match="Out: granularity must be > 0"):
         execute(job, workers=1, runtime="thread")
+
+
+@pytest.mark.spark
+def test_spark_partitions_are_reproducible(request: pytest.FixtureRequest) -> None:
+    """Each worker reads the same rows on every run (a hash of the row picks its partition;
+    Spark's round-robin ``repartition(W)`` depends on the order partitions are read in)."""
+    events = events_frame()
+    runs = [run(source_job("t"), "spark", 2, {"events": events}, {"events": "t"}, request)
+            for _ in range(2)]
+    shares = [[sorted(r["id"] for r in cap.records()) for cap in caps] for caps in runs]
+    assert shares[0] == shares[1]
+    assert sorted(i for share in shares[0] for i in share) == sorted(events["id"].tolist())
+    assert all(share for share in shares[0])  # both workers got rows

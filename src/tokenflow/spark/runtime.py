@@ -92,7 +92,10 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
 def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
                  sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
     """One DataFrame with all inputs, columns prefixed per input and a tag column, split into
-    ``workers`` partitions and sorted by each input's time column within partitions."""
+    ``workers`` partitions by a hash of every column (reproducible: the same rows go to the same
+    partition on every run, unlike a round-robin ``repartition(W)``, whose assignment depends on
+    the order Spark reads the input in) and sorted by each input's time column within
+    partitions."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     frames = []
@@ -110,7 +113,8 @@ def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
     union = frames[0]
     for f in frames[1:]:
         union = union.unionByName(f, allowMissingColumns=True)
-    return union.repartition(workers).sortWithinPartitions(*order), layout
+    by_hash = union.repartition(workers, *[F.col(f"`{c}`") for c in union.columns])
+    return by_hash.sortWithinPartitions(*order), layout
 
 
 def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None = None,
