@@ -25,7 +25,11 @@ Module interface (every ``qN.py``):
 
 Stateful operators keep their state in plain dicts, lists and Arrow arrays held by a small
 state object per operator and worker (see ``q3.JoinState`` and ``q8.WindowState``), which
-offers ``snapshot()`` / ``restore()``.
+offers ``snapshot()`` / ``restore()`` and is a ``BinnedState`` (``_windows.ColumnarState``)
+the operator declares with ``OperatorInfo.state``: the system exports it per bin of its key
+column and, when a job is restored at any worker count, loads the bins a worker owns into it
+before the operator runs; the operator then re-mints its tokens at ``pending_times()``
+(Megaphone, Hoffmann et al., VLDB 2019; the timestamp-tokens paper §5).
 """
 
 from __future__ import annotations
