@@ -13,6 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from tokenflow import execute
 from tokenflow.io.sources import nexmark_streams
@@ -89,3 +91,32 @@ def test_query_cold_rescale_2_to_3_on_processes_and_spark(tmp_path: Path, name: 
     second = execute(query_job(name), workers=3, runtime=runtime, restore=str(tmp_path),
                      name=job_name, **options)
     assert rows(first, second) == expected
+
+
+_EXPECTED: dict[str, Counter[Any]] = {}
+
+
+def _expected(name: str) -> Counter[Any]:
+    """The uninterrupted run's output (the queries' output does not depend on W)."""
+    if name not in _EXPECTED:
+        _EXPECTED[name] = rows(execute(query_job(name), workers=2, name=f"tests.nexmark.{name}"))
+    return _EXPECTED[name]
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@given(name=st.sampled_from(["q3", "q4", "q5", "q7", "q8"]), before=st.integers(1, 4),
+       after=st.integers(1, 4), pause=st.integers(0, 31))
+def test_snapshot_at_any_epoch_and_any_worker_counts(tmp_path_factory: pytest.TempPathFactory,
+                                                     name: str, before: int, after: int,
+                                                     pause: int) -> None:
+    """Property: whatever the pause epoch (including before the first and after the last
+    event) and the worker counts before and after, the two runs' output together is the
+    uninterrupted run's."""
+    root = tmp_path_factory.mktemp("snap")
+    job_name = f"tests.nexmark.{name}"
+    handle = start(query_job(name, pause_at=first_epoch() + pause * GRANULARITY), workers=before,
+                   name=job_name)
+    handle.snapshot(str(root), timeout=120)
+    first = handle.result(timeout=120)
+    second = execute(query_job(name), workers=after, restore=str(root), name=job_name)
+    assert rows(first, second) == _expected(name)
