@@ -40,6 +40,7 @@ from tokenflow.dataflow.operators.watermark import (
     Watermark,
     WatermarkTracker,
     assign_watermarks,
+    forward_watermarks,
     held_watermark,
     strip_watermarks,
     tracked_watermark,
@@ -313,6 +314,8 @@ def build(scope: Any) -> tuple[Any, list[Any], list[Any]]:
                                             key=key_of)),
         strip_watermarks(tumbling_watermark(assign_watermarks(stream, name="AssignLocal"), SIZE,
                                             every_record, name="TumblingWatermarkLocal")),
+        strip_watermarks(forward_watermarks(assign_watermarks(stream, name="AssignForward"),
+                                            key=key_of)),
     ]
     return inp, [o.probe() for o in outputs], [o.capture() for o in outputs]
 
@@ -395,6 +398,10 @@ def test_exports_hold_the_open_windows() -> None:
         held.load(by_name(states, "AssignWatermarks", "watermark"))
         assert held.pending_times() == [CUT]
     assert keyed == Counter(r for w in range(2) for r in data(w, range(0, CUT)) if r[0] >= 10)
+    for w, (states, _) in enumerate(results):  # forward_watermarks: only its tracker
+        mark = fresh(tracked_watermark, routing, w)
+        mark.load(by_name(states, "ForwardWatermarks", "watermark"))
+        assert mark.pending_times() == [CUT] and mark.value.latest == [CUT, CUT]
     local = fresh(lambda: open_windows(tokens=False), routing, 0)
     local.load(by_name(results[0][0], "TumblingWatermarkLocal", "windows"))
     assert local.pending_times() == [] and list(local.value) == [15]
@@ -426,7 +433,7 @@ def test_restored_job_finishes_the_open_windows(tmp_path: Any, workers: int) -> 
         return captures
 
     full = execute(whole, workers=2)
-    for op in range(4):
+    for op in range(5):
         expected = sum((outputs(c)[op] for c in full), Counter())
         got = sum((sent[op] for _, sent in results), Counter()) + \
             sum((outputs(c)[op] for c in after), Counter())
