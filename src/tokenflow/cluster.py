@@ -13,6 +13,7 @@ from typing import Any
 
 from tokenflow.comm.tcp import Address, TcpAllocator, TcpMesh
 from tokenflow.coordinator import attach
+from tokenflow.dataflow.input import JobStopped
 from tokenflow.worker import Worker
 
 
@@ -51,7 +52,10 @@ def run_worker(
             from tokenflow.control import ControlAgent
 
             worker.on_step.append(ControlAgent(reporter))
-        result = fn(worker)
+        try:
+            result = fn(worker)
+        except JobStopped:  # stopped by the control plane while feeding an input
+            result = None
         worker.step_until_done()
         if reporter is not None:
             reporter.close(worker)

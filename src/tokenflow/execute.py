@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from tokenflow.comm.thread import ThreadFabric, WorkerAborted
 from tokenflow.control import ControlAgent
 from tokenflow.coordinator import attach
+from tokenflow.dataflow.input import JobStopped
 from tokenflow.inputs import partition_inputs
 from tokenflow.job import JobSpec, job_name
 from tokenflow.state.bins import DEFAULT_BINS
@@ -86,7 +87,10 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
             reporter = attach(worker, report_to)
             if hub is not None:
                 worker.on_step.append(ControlAgent(hub.link(i)))
-            results[i] = fn(worker)
+            try:
+                results[i] = fn(worker)
+            except JobStopped:
+                pass  # stopped by the control plane while feeding an input
             worker.step_until_done()
             if reporter is not None:
                 reporter.close(worker)

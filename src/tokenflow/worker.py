@@ -8,9 +8,11 @@ returns whether any dataflow is still running.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from tokenflow.dataflow.input import JobStopped
 from tokenflow.dataflow.scope import Scope
 from tokenflow.dataflow.state import BinnedState
 from tokenflow.order.summary import Increment
@@ -87,10 +89,10 @@ class Worker:
         self.restore: Any = None
         """A snapshot reader (``tokenflow.state.snapshot.Snapshot``) whose bins this worker
         loads into every state it declares, or None."""
-        self.sources: dict[str, Any] = {}
-        """Replayable sources by stable key (``register_source``): what the control plane
-        pauses and whose positions a snapshot records."""
+        self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle
         self.traffic = Traffic()
+        self.stopped = False
+        """Set by ``stop()``: the control plane ended the job (after a snapshot)."""
         self.activations = Activations()
         self._identifiers = 0
         self._dataflow_count = 0
@@ -121,17 +123,29 @@ class Worker:
         if self.restore is not None:
             state.load(self.restore.read(key, owned.tolist()))
 
-    def register_source(self, key: str, handle: Any) -> None:
+    def register_source(self, key: str, handle: Any, weak: bool = False) -> None:
         """Declare a replayable source (its ``SourceHandle``: ``pause_at``, ``resume``,
         ``paused``, ``positions``, ``safe_point``, ``close``) under a stable ``key``, so the
-        control plane can pause it and snapshots record its positions.
+        control plane can pause it and snapshots record its positions.  ``weak``: hold it by
+        a weak reference (an ``InputHandle`` the worker code drops is released, closing its
+        input, as before).
 
         Raises:
             ValueError: ``key`` is already declared.
         """
-        if key in self.sources:
+        if key in self._sources:
             raise ValueError(f"worker {self.index}: source {key!r} declared twice")
-        self.sources[key] = handle
+        self._sources[key] = weakref.ref(handle) if weak else handle
+
+    @property
+    def sources(self) -> dict[str, Any]:
+        """The declared sources still alive, by key."""
+        out = {}
+        for key, entry in self._sources.items():
+            handle = entry() if isinstance(entry, weakref.ref) else entry
+            if handle is not None:
+                out[key] = handle
+        return out
 
     def restored_positions(self, key: str) -> tuple[dict[str, int], int] | None:
         """When restoring: the positions to restart source ``key`` from (the union of every
@@ -147,6 +161,7 @@ class Worker:
     def stop(self) -> None:
         """End every dataflow of this worker now (after a snapshot, when the job stops): its
         sources are closed and ``step`` returns False."""
+        self.stopped = True
         for handle in self.sources.values():
             close = getattr(handle, "close", None)
             if close is not None:
@@ -230,8 +245,14 @@ class Worker:
         return self.step()
 
     def step_while(self, condition: Callable[[], bool]) -> None:
-        """Step until ``condition()`` is false."""
+        """Step until ``condition()`` is false.
+
+        Raises:
+            JobStopped: the control plane stopped the job (its dataflows are gone).
+        """
         while condition():
+            if self.stopped:
+                raise JobStopped(f"worker {self.index}: the job was stopped")
             self.step_or_park()
 
     def step_until_done(self) -> None:

@@ -1,7 +1,16 @@
 """``InputHandle``: feeds a dataflow from worker code, one epoch at a time.
 
 Source: the timestamp-tokens paper §4.2 (tokens that notify the system when modified, used
-outside operators to control inputs); timely's ``dataflow/operators/input.rs``.
+outside operators to control inputs); timely's ``dataflow/operators/input.rs``; the
+distributed-DBSP design, "Input" (a restarted job reads every step after its checkpoint once).
+
+An input handle takes part in snapshots like a replayable source (``tokenflow.control``): when
+the control plane pauses it at epoch ``e``, the worker code's ``advance_to(t)`` with ``t > e``
+moves the handle to ``e`` and steps the worker there until the job resumes (then it goes on to
+``t``) or stops (then ``JobStopped`` ends the worker function).  Its position is the epoch: a
+job restored from a snapshot of epoch ``e`` runs the same worker code again, and the handle
+drops what it is given before ``e`` (already in the snapshot), so a deterministic input loop
+feeds every epoch exactly once.
 """
 
 from __future__ import annotations
@@ -17,21 +26,34 @@ if TYPE_CHECKING:
     from tokenflow.dataflow.stream import Stream
 
 
+class JobStopped(RuntimeError):
+    """The control plane stopped the job (after a snapshot) while the worker code was feeding
+    an input; the runtimes end the worker function quietly when it propagates."""
+
+
 class InputHandle:
     """Sends records at the current epoch; ``advance_to`` moves the epoch, ``close`` ends input.
 
     The handle owns the input's capability: while it is open, the frontier downstream cannot
-    pass ``time``.
+    pass ``time``.  A handle the worker code drops is garbage collected, closing its input.
     """
 
+    __slots__ = ("_output", "_metrics", "_cap", "_activate", "_buffer", "name", "_worker",
+                 "_start", "_pause", "_sent_at_time", "__weakref__")
+
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
-                 name: str, metrics: dict[str, int] | None = None) -> None:
+                 name: str, metrics: dict[str, int] | None = None, worker: Any = None,
+                 start: Any = None) -> None:
         self._output = output
         self._metrics = metrics if metrics is not None else {}
         self._cap: Capability | None = capability
         self._activate = activate
         self._buffer: list[Any] = []
         self.name = name
+        self._worker = worker
+        self._start = start  # a restored job's epoch: input before it is in the snapshot
+        self._pause: Any = None
+        self._sent_at_time = False  # something was sent at the current epoch
 
     @property
     def time(self) -> Any:
@@ -55,7 +77,11 @@ class InputHandle:
             CapabilityError: after ``close()``.
         """
         if self._cap is None:
+            self._check_stopped()
             raise CapabilityError(f"input {self.name!r} is closed: cannot send {record!r}")
+        if self._replayed():
+            return
+        self._wait_if_paused()
         self._buffer.append(record)
         if len(self._buffer) >= BATCH_SIZE:
             self.flush()
@@ -64,6 +90,11 @@ class InputHandle:
         """Send a whole batch (``list`` or ``RecordBatch``) at the current epoch."""
         self.flush()
         cap = self._live()
+        if self._replayed():
+            return
+        self._wait_if_paused()
+        cap = self._live()
+        self._sent_at_time = True
         self._output.give_batch(cap, batch)
         self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
         self._activate()
@@ -74,6 +105,7 @@ class InputHandle:
             cap = self._live()
             batch = self._buffer
             self._buffer = []
+            self._sent_at_time = True
             self._output.give_batch(cap, batch)
             self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
             self._activate()
@@ -90,6 +122,11 @@ class InputHandle:
                 f"input {self.name!r}: cannot advance from epoch {cap.time!r} to {time!r}"
             )
         self.flush()
+        while self._pause is not None and not less_equal(time, self._pause):
+            self._hold()  # a snapshot pause: wait at the pause epoch until resumed or stopped
+            cap = self._live()
+        if time != cap.time:
+            self._sent_at_time = False
         cap.downgrade(time)
         self._activate()
 
@@ -101,14 +138,98 @@ class InputHandle:
             self._cap = None
             self._activate()
 
+    def _replayed(self) -> bool:
+        """True while the current epoch is before a restored job's start (drop the input)."""
+        cap = self._cap
+        return (self._start is not None and cap is not None
+                and not less_equal(self._start, cap.time))
+
+    def _wait_if_paused(self) -> None:
+        """Before sending at the current epoch: hold while it is at or after a pause epoch."""
+        while self._pause is not None and self._cap is not None and \
+                less_equal(self._pause, self._cap.time):
+            self._hold()
+
+    def _hold(self) -> None:
+        """Move to the pause epoch and step the worker until the pause lifts or the job stops.
+
+        Raises:
+            JobStopped: the job stopped at the pause.
+        """
+        cap = self._live()
+        if cap.time != self._pause:
+            self._sent_at_time = False
+            cap.downgrade(self._pause)
+            self._activate()
+        at = cap.time
+        worker = self._worker
+        if worker is None:
+            raise CapabilityError(f"input {self.name!r}: paused, but no worker to step")
+        while self._pause is not None and not getattr(worker, "stopped", False):
+            worker.step_or_park()
+        if getattr(worker, "stopped", False):
+            raise JobStopped(f"input {self.name!r}: the job stopped at epoch {at!r}")
+
+    # -- the control plane's view (``tokenflow.control``) --------------------------------------
+
+    granularity = 1
+    """Epochs are consecutive integers (any time type works; pauses use the handle's times)."""
+
+    @property
+    def frontier(self) -> Any:
+        """The handle's epoch (None once closed)."""
+        return None if self._cap is None else self._cap.time
+
+    def safe_point(self) -> Any:
+        """The least epoch the handle can pause at now: its epoch, or the next one when it has
+        sent at it (None once closed)."""
+        if self._cap is None:
+            return None
+        t = self._cap.time
+        return t + 1 if self._sent_at_time or self._buffer else t
+
+    def pause_at(self, epoch: Any) -> None:
+        """Let ``advance_to`` go no further than ``epoch`` until ``resume()``.
+
+        Raises:
+            ValueError: the handle already sent data at or after ``epoch``.
+        """
+        cap = self._cap
+        if cap is not None and not less_equal(cap.time, epoch) and cap.time != epoch:
+            raise ValueError(f"input {self.name!r}: cannot pause at {epoch!r}: already at "
+                             f"epoch {cap.time!r}")
+        if cap is not None and cap.time == epoch and (self._sent_at_time or self._buffer):
+            raise ValueError(f"input {self.name!r}: cannot pause at {epoch!r}: records were "
+                             "already sent at it")
+        self._pause = epoch
+
+    def resume(self) -> None:
+        """Lift a pause."""
+        self._pause = None
+
+    @property
+    def paused(self) -> bool:
+        """True once paused at the pause epoch (or closed)."""
+        return self._cap is None or (self._pause is not None and self._cap.time == self._pause)
+
+    def positions(self) -> dict[str, Any]:
+        """Nothing to record: the handle restarts at the snapshot's epoch (see the module)."""
+        return {}
+
+    def _check_stopped(self) -> None:
+        if getattr(self._worker, "stopped", False):
+            raise JobStopped(f"input {self.name!r}: the job was stopped")
+
     def _live(self) -> Capability:
         if self._cap is None:
+            self._check_stopped()
             raise CapabilityError(f"input {self.name!r} is closed")
         return self._cap
 
 
 def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
-    """An ``(InputHandle, Stream)`` pair in ``scope``."""
+    """An ``(InputHandle, Stream)`` pair in ``scope``; the handle registers with the worker
+    for snapshots under its operator's path and name (the same on every run of the job)."""
     builder = OperatorBuilder(name, scope, notify=False)
     output, stream = builder.new_output()
     holder: list[Capability] = []
@@ -118,6 +239,14 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
         return lambda frontiers: False
 
     builder.build(constructor)
+    worker = scope.worker
+    key = f"{'.'.join(map(str, builder.core.path))}:{name}"
+    lookup = getattr(worker, "restored_positions", None)
+    restored = lookup(key) if lookup is not None else None
     handle = InputHandle(output, holder[0], builder.activator(), name,
-                         getattr(scope.worker, "metrics", None))
+                         getattr(worker, "metrics", None), worker,
+                         None if restored is None else restored[1])
+    register = getattr(worker, "register_source", None)
+    if register is not None:
+        register(key, handle, weak=True)
     return handle, stream
