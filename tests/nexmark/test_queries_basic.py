@@ -11,7 +11,7 @@
 * Registry errors, ``epoch_plan`` and ``compare_exact``.
 
 One Spark session for the whole test session (``get_session("local[4]")``, reused by
-tests/spark).  Source: /work/shared/NEXMARK.md.
+tests/spark).  Source: docs/NEXMARK.md.
 """
 
 from __future__ import annotations

@@ -11,7 +11,7 @@
   once the frontier has passed its end.
 * The state objects: matching rules, buffering and pruning, running sums, snapshot/restore.
 
-Source: /work/shared/NEXMARK.md ("Queries"); timestamp-tokens-paper.md §5–§7.
+Source: docs/NEXMARK.md ("Queries"); the timestamp-tokens paper §5–§7.
 """
 
 from __future__ import annotations
