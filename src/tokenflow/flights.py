@@ -33,7 +33,6 @@ runs it on any runtime; ``summary_table`` and ``plot_daily_delay`` present the r
 from __future__ import annotations
 
 import functools
-import glob
 import heapq
 import importlib.util
 import io
@@ -48,7 +47,6 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pacsv
-import pyarrow.parquet as pq
 
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
@@ -56,6 +54,7 @@ from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_fron
 from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.state import BinnedState, split_by_bin
 from tokenflow.dataflow.stream import Stream
+from tokenflow.io.sources import replayable_source, table_splits
 from tokenflow.state.bins import bins_of
 
 LOCAL_TZ = "America/New_York"
@@ -438,19 +437,13 @@ def by_month(stream: Stream, name: str = "ByMonth") -> Stream:
 # ------------------------------------------------------------------------------------- driver
 
 
-def _clear_hourly(directory: str) -> None:
-    """Remove the files a previous run wrote (``time=*/worker-*.parquet``) and empty folders."""
-    for path in glob.glob(os.path.join(glob.escape(directory), "time=*", "worker-*.parquet")):
-        os.remove(path)
-    for folder in glob.glob(os.path.join(glob.escape(directory), "time=*")):
-        if os.path.isdir(folder) and not os.listdir(folder):
-            os.rmdir(folder)
-
-
 def read_hourly(directory: str | os.PathLike[str]) -> pa.Table:
     """Read ``run_flights``' Parquet output ``DIR/hourly`` back as a ``HOURLY_SCHEMA`` table,
-    sorted by ``(time_hour, origin)`` (the ``time`` partition column is dropped)."""
-    table = pq.read_table(os.fspath(directory))
+    sorted by ``(time_hour, origin)`` (only committed epochs, ``tokenflow.io.read_committed``;
+    the ``time`` partition column is dropped)."""
+    from tokenflow.io.parquet import read_committed
+
+    table = read_committed(os.fspath(directory))
     return table.select(HOURLY_SCHEMA.names).cast(HOURLY_SCHEMA) \
         .sort_by([("time_hour", "ascending"), ("origin", "ascending")])
 
@@ -484,6 +477,55 @@ def run_flights(workers: int = 2, runtime: str = "thread", output: str | os.Path
     return run_flights_timed(workers, runtime, output, master, flights, max_rows).table
 
 
+SPLITS = 16
+"""Splits of the flights table (W-independent, see ``tokenflow.io.sources.table_splits``)."""
+
+
+def flights_job(table: pa.Table | None, hourly: str | None = None, max_rows: int = 8192,
+                pause_at: int | None = None) -> Any:
+    """The worker function of the flights job: ``hourly_stats`` over ``table`` (``COLUMNS``)
+    read by a replayable source over ``SPLITS`` W-independent splits sorted by ``time_hour``
+    (or, with ``table=None``, the job input ``flights`` of ``execute(inputs=...)``: the Spark
+    partitions), optionally written to ``hourly`` with ``by_month`` and ``to_parquet``.
+
+    Each worker returns ``(its HOURLY_SCHEMA rows, per-hour latencies in ms)`` (those computed
+    before the stop, when the control plane stopped the job after a snapshot).  The source
+    and every state are replayable, so the job can be snapshotted (``pause_at`` pauses the
+    source at an epoch, ms) and restored at another worker count.
+    """
+    splits = None if table is None else table_splits(table, SPLITS, time="time_hour")
+
+    def job(worker: Any) -> tuple[pa.Table, list[float]]:
+        from tokenflow.dataflow.input import JobStopped
+        from tokenflow.dataflow.operators.probe import ProbeHandle, frontier_latencies
+        from tokenflow.io.parquet import to_parquet
+        from tokenflow.spark.io import collect, from_dataframe
+
+        def build(scope: Any) -> Any:
+            read = ProbeHandle()
+            if splits is None:
+                rows = from_dataframe(scope, "flights", time="time_hour", max_rows=max_rows)
+            else:
+                rows, _ = replayable_source(scope, "flights", splits, "time_hour",
+                                            pause_at=pause_at, max_rows=max_rows)
+            stats = hourly_stats(rows.probe_with(read, "InputProbe"))
+            if hourly is not None:
+                to_parquet(by_month(stats), hourly)
+            return read, stats.probe(), collect(stats)
+
+        read, probe, captured = worker.dataflow(build)
+        try:
+            worker.step_while(lambda: not probe.done())
+        except JobStopped:
+            pass  # stopped after a snapshot: return what was computed so far
+        latencies = [s * 1000 for _, s in frontier_latencies(read, probe)]
+        # One compact table per worker (pickling per-hour slices would copy their buffers).
+        parts = [b for _, b in captured.events]
+        return pa.Table.from_batches(parts, schema=HOURLY_SCHEMA).combine_chunks(), latencies
+
+    return job
+
+
 def run_flights_timed(workers: int = 2, runtime: str = "thread",
                       output: str | os.PathLike[str] | None = None, master: str | None = None,
                       flights: pa.Table | None = None, max_rows: int = 8192,
@@ -494,14 +536,16 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
         workers: number of workers.
         runtime: ``thread``, ``process`` or ``spark``.  On ``spark`` the input is a Spark
             DataFrame made from the table (``tokenflow.spark.session.get_session``), whose
-            partitions feed the workers; elsewhere rows are dealt round-robin.
-        output: a directory; when given, the job writes ``output/hourly`` as Parquet from the
-            workers (``to_parquet`` after ``by_month``: ``hourly/time=<month's last hour,
-            ms>/worker-<i>.parquet``, columns of ``HOURLY_SCHEMA``; files of a previous run are
-            removed first).  On a cluster it must be a path all workers can write.
+            partitions feed the workers; elsewhere a replayable source over ``SPLITS``
+            W-independent splits of the table (``flights_job``).
+        output: a directory; when given, the job writes ``output/hourly`` as a committed
+            Parquet dataset (``to_parquet`` after ``by_month``: ``hourly/time=<month's last
+            hour, ms>/part-<k>.parquet``, columns of ``HOURLY_SCHEMA``; each month replaces the
+            same month of an earlier run whole).  On a cluster it must be a path all workers
+            can write.
         master: Spark master for ``runtime="spark"`` (default ``local[workers]``).
         flights: the flights (default ``load_flights()``); only ``COLUMNS`` are streamed.
-        max_rows: rows a worker's source reads per activation (``from_dataframe``).  Smaller
+        max_rows: rows a worker's source reads per activation.  Smaller
             values keep fewer hours pending at once (each pending hour is a token the progress
             tracker counts), larger ones mean fewer, bigger vectorized passes.
         report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
@@ -514,16 +558,12 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
         ValueError: unknown runtime or ``workers < 1`` (from ``execute``).
         WorkerError: a worker failed, e.g. ``InputError`` for a null ``time_hour``.
     """
-    from tokenflow.dataflow.operators.probe import ProbeHandle, frontier_latencies
     from tokenflow.execute import execute
-    from tokenflow.spark.io import collect, from_dataframe, to_parquet
 
     table = (load_flights() if flights is None else flights).select(COLUMNS)
     hourly = None
     if output is not None:
         hourly = os.path.abspath(os.path.join(os.fspath(output), "hourly"))
-        os.makedirs(hourly, exist_ok=True)
-        _clear_hourly(hourly)
     data: Any = table
     options: dict[str, Any] = {}
     if runtime == "spark":
@@ -535,25 +575,12 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
     if report_to is not None:
         options["report_to"] = report_to
 
-    def job(worker: Any) -> tuple[pa.Table, list[float]]:
-        def build(scope: Any) -> Any:
-            read = ProbeHandle()
-            rows = from_dataframe(scope, "flights", time="time_hour", max_rows=max_rows)
-            stats = hourly_stats(rows.probe_with(read, "InputProbe"))
-            if hourly is not None:
-                to_parquet(by_month(stats), hourly)
-            return read, stats.probe(), collect(stats)
-
-        read, probe, captured = worker.dataflow(build)
-        worker.step_while(lambda: not probe.done())
-        latencies = [s * 1000 for _, s in frontier_latencies(read, probe)]
-        # One compact table per worker (pickling per-hour slices would copy their buffers).
-        parts = [b for _, b in captured.events]
-        return pa.Table.from_batches(parts, schema=HOURLY_SCHEMA).combine_chunks(), latencies
+    job = flights_job(None if runtime == "spark" else table, hourly, max_rows)
 
     start = time.perf_counter()
-    results = execute(job, workers=workers, runtime=runtime, inputs={"flights": data},
-                      sort_by={"flights": "time_hour"}, **options)
+    if runtime == "spark":
+        options.update(inputs={"flights": data}, sort_by={"flights": "time_hour"})
+    results = execute(job, workers=workers, runtime=runtime, **options)
     seconds = time.perf_counter() - start
     result = pa.concat_tables([r[0] for r in results])
     result = result.sort_by([("time_hour", "ascending"), ("origin", "ascending")]).combine_chunks()

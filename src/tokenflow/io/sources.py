@@ -172,6 +172,22 @@ class TableSplit(Split):
             return None
         return self._batch.slice(offset, max_rows)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # As an Arrow IPC stream: a slice is written without the rest of its buffers (pickling
+        # the slice itself would carry the whole table's buffers in every split).
+        sink = pa.BufferOutputStream()
+        with pa.ipc.new_stream(sink, self._batch.schema) as writer:
+            writer.write_batch(self._batch)
+        return {"key": self.key, "ipc": sink.getvalue()}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.key = state["key"]
+        reader = pa.ipc.open_stream(state["ipc"])
+        batches = list(reader)
+        self._batch = (batches[0] if len(batches) == 1 else
+                       pa.concat_batches(batches) if batches else
+                       pa.RecordBatch.from_pylist([], schema=reader.schema))
+
 
 def table_splits(table: pa.Table | pa.RecordBatch, splits: int = 16, key: str | None = None, *,
                  time: str | None = None, name: str = "table") -> list[TableSplit]:
