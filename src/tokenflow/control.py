@@ -158,7 +158,7 @@ class ControlAgent:
         self.stopped = False
 
     def __call__(self, worker: Any) -> None:
-        message = self.link.poll(0.0)
+        message: dict[str, Any] | None = self.link.poll(0.0)
         while message is not None:
             message = self._handle(worker, message)
         if self.pause_epoch is not None and self._drained(worker):
@@ -174,7 +174,7 @@ class ControlAgent:
         """Reply ``idle`` and wait, without stepping, for the verdict."""
         self.link.send({"kind": "idle", "worker": worker.index, "epoch": self.pause_epoch,
                         "sent": worker.traffic.sent, "received": worker.traffic.received})
-        message = self._await(worker)
+        message: dict[str, Any] | None = self._await(worker)
         while message is not None:
             message = self._handle(worker, message)
 

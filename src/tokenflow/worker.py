@@ -81,7 +81,7 @@ class Worker:
         self.allocator = allocator
         self.index: int = allocator.index
         self.peers: int = allocator.peers
-        self.routing: RoutingTable = routing if routing is not None else \
+        self.routing: RoutingTable | None = routing if routing is not None else \
             RoutingTable.even(self.peers, DEFAULT_BINS)
         """Where keyed exchanges send a key's bin; fixed before the first dataflow is built."""
         self.states: dict[str, BinnedState] = {}
@@ -117,8 +117,11 @@ class Worker:
         """
         if key in self.states:
             raise ValueError(f"worker {self.index}: operator state {key!r} declared twice")
-        owned = self.routing.owned_by(self.index)
-        state.attach(self.routing.bins, int(owned[0]) if len(owned) else -1)
+        # routing None: exchanges hash straight to workers (a benchmark baseline); state is
+        # still binned as under the default table
+        routing = self.routing if self.routing is not None else RoutingTable.even(self.peers)
+        owned = routing.owned_by(self.index)
+        state.attach(routing.bins, int(owned[0]) if len(owned) else -1)
         self.states[key] = state
         if self.restore is not None:
             state.load(self.restore.read(key, owned.tolist()))
