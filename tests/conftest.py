@@ -11,11 +11,17 @@
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+TESTS = str(Path(__file__).resolve().parent)
+if TESTS not in sys.path:  # shared test helpers (``roundtrip``) import from here
+    sys.path.insert(0, TESTS)
 
 settings.register_profile(
     "ci", max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow]

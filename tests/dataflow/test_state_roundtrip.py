@@ -22,16 +22,15 @@ the timestamp-tokens paper §5 (tokens re-minted at the restored state's pending
 
 from __future__ import annotations
 
-import io
 import random
 import threading
 from collections import Counter, defaultdict
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pytest
+from roundtrip import OLD, WORKERS, exported, fresh, restore
 
 from tokenflow import execute
 from tokenflow.dataflow.operators.watermark import (
@@ -48,58 +47,22 @@ from tokenflow.dataflow.operators.watermark import (
 )
 from tokenflow.dataflow.operators.window import merge_windows, open_windows, sliding, tumbling
 from tokenflow.dataflow.routing import column_routes, stable_hash
-from tokenflow.dataflow.state import BinnedState
 from tokenflow.flights import HOUR_MS, PendingHours, hourly_table
-from tokenflow.state.bins import RoutingTable
 from tokenflow.state.snapshot import commit_snapshot, write_worker_part
 
 pytestmark = pytest.mark.timeout(60)
 
-OLD = RoutingTable.even(2)
-"""The routing table of the job the snapshot was taken from."""
-WORKERS = (1, 2, 3)
-
-S = TypeVar("S", bound=BinnedState)
 
 
 # -- harness ------------------------------------------------------------------------------------
 
 
-def ipc(table: pa.Table) -> pa.Table:
-    """``table`` written to and read back from an Arrow IPC stream (a snapshot's storage)."""
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return pa.ipc.open_stream(sink.getvalue()).read_all()
 
 
-def exported(*states: BinnedState) -> dict[int, pa.Table]:
-    """Every bin of ``states`` (one per old worker), through IPC; no bin twice."""
-    out: dict[int, pa.Table] = {}
-    for state in states:
-        for b, table in state.export().items():
-            assert b not in out
-            out[b] = ipc(table)
-    return out
 
 
-def fresh(make: Callable[[], S], table: RoutingTable, worker: int) -> S:
-    state = make()
-    owned = table.owned_by(worker)
-    state.attach(table.bins, int(owned[0]) if len(owned) else -1)
-    return state
 
 
-def restore(make: Callable[[], S], parts: Mapping[int, pa.Table],
-            workers: int) -> tuple[RoutingTable, list[S]]:
-    """``workers`` fresh states, each loaded with the bins it owns under the new table."""
-    table = OLD.rebalanced(range(workers))
-    states = []
-    for w in range(workers):
-        state = fresh(make, table, w)
-        state.load({b: p for b, p in parts.items() if table.owner(b) == w})
-        states.append(state)
-    return table, states
 
 
 Record = tuple[int, int, int]

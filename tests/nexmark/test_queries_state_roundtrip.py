@@ -22,18 +22,17 @@ the routing table); the timestamp-tokens paper §5 (tokens re-minted from ``pend
 
 from __future__ import annotations
 
-import io
 from collections import Counter
-from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from roundtrip import OLD, WORKERS, S, exported, fresh, restore
 
 from tokenflow.dataflow.routing import column_routes
-from tokenflow.dataflow.state import BinnedState
 from tokenflow.nexmark import GeneratorConfig, generate
 from tokenflow.nexmark.queries import q3, q4, q5, q7, q8
 from tokenflow.nexmark.queries._windows import WindowMaxState, int_column
@@ -45,11 +44,6 @@ CONFIG = GeneratorConfig(rate=500)
 EVENTS = 20_000
 CHUNK_MS = 2_000
 """Event time per step (ms): each step feeds the events of one chunk of ``dateTime``."""
-OLD = RoutingTable.even(2)
-"""The routing table of the job the snapshot was taken from."""
-WORKERS = (1, 2, 3)
-
-S = TypeVar("S", bound=BinnedState)
 
 
 # -- harness ------------------------------------------------------------------------------------
@@ -76,43 +70,12 @@ def steps(events: dict[str, pa.RecordBatch]) -> list[tuple[int, dict[str, pa.Tab
     return out
 
 
-def ipc(table: pa.Table) -> pa.Table:
-    """``table`` written to and read back from an Arrow IPC stream (a snapshot's storage)."""
-    sink = io.BytesIO()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    return pa.ipc.open_stream(sink.getvalue()).read_all()
 
 
-def exported(*states: BinnedState) -> dict[int, pa.Table]:
-    """Every bin of ``states`` (one old worker each), through IPC; a bin in two is an error."""
-    out: dict[int, pa.Table] = {}
-    for state in states:
-        for b, table in state.export().items():
-            assert b not in out, f"bin {b} exported twice"
-            assert table.num_rows > 0
-            out[b] = ipc(table)
-    return out
 
 
-def fresh(make: Callable[[], S], table: RoutingTable, worker: int) -> S:
-    """A new state attached as ``worker`` of ``table`` would attach it."""
-    state = make()
-    owned = table.owned_by(worker)
-    state.attach(table.bins, int(owned[0]) if len(owned) else -1)
-    return state
 
 
-def restore(make: Callable[[], S], parts: Mapping[int, pa.Table],
-            workers: int) -> tuple[RoutingTable, list[S]]:
-    """``workers`` fresh states, each loaded with the bins it owns under the new table."""
-    table = OLD.rebalanced(range(workers))
-    states = []
-    for w in range(workers):
-        state = fresh(make, table, w)
-        state.load({b: p for b, p in parts.items() if table.owner(b) == w})
-        states.append(state)
-    return table, states
 
 
 def originals(make: Callable[[], S], workers: int = 1) -> list[S]:
