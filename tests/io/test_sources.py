@@ -14,7 +14,10 @@
 * Directory: files dropped (hidden name + rename) while the job runs are each read exactly once
   by one worker, and the job ends at the end marker; a restart skips the files done.
 * Bad input: an unsorted split, or positions that do not match ``start``, fail with
-  ``InputError`` naming the split, row and value.
+  ``InputError`` naming the split, row and value; so do a null in the time column (naming
+  source, split or file, column and row, also past the first read), a split that cannot be
+  read (a truncated Parquet file, a CSV value that does not fit the declared schema: no
+  ``ArrowInvalid`` reaches the caller), and a timed directory file holding a null time.
 """
 
 from __future__ import annotations
@@ -582,3 +585,102 @@ def test_positions_that_do_not_match_start_are_an_input_error() -> None:
     with pytest.raises(WorkerError, match="pause_at=105 is not a multiple"):
         execute(lambda w: w.dataflow(lambda scope: replayable_source(
             scope, "Events", splits, "t", granularity=GRANULARITY, pause_at=105)), workers=1)
+
+
+def _input_error(job: Callable[[Worker], Any], workers: int = 1) -> str:
+    """The message of the ``InputError`` that fails ``job`` (the cause of its ``WorkerError``)."""
+    with pytest.raises(WorkerError) as excinfo:
+        execute(job, workers=workers, runtime="thread")
+    cause = excinfo.value.__cause__
+    assert isinstance(cause, InputError), repr(cause)
+    return str(cause)
+
+
+def _parquet_job(path: Path, max_rows: int) -> Callable[[Worker], None]:
+    def job(worker: Worker) -> None:
+        worker.dataflow(lambda scope: capture(replayable_source(
+            scope, "Files", parquet_splits(str(path)), "t", granularity=GRANULARITY,
+            max_rows=max_rows)[0]))
+        worker.step_until_done()
+
+    return job
+
+
+@pytest.mark.parametrize("max_rows", [7, 1000])
+def test_null_time_in_a_parquet_split_names_source_file_column_and_row(
+        tmp_path: Path, max_rows: int) -> None:
+    table = events_table(300).sort_by("t")
+    times = table.column("t").to_pylist()
+    times[123] = None
+    table = table.set_column(table.schema.get_field_index("t"), "t", pa.array(times, pa.int64()))
+    (tmp_path / "day=1").mkdir()
+    pq.write_table(table, tmp_path / "day=1" / "b.parquet", row_group_size=50)
+    pq.write_table(events_table(10).sort_by("t"), tmp_path / "a.parquet")
+    message = _input_error(_parquet_job(tmp_path, max_rows))
+    assert message.startswith("source 'Files', split 'day=1/b.parquet'"), message
+    assert str(tmp_path / "day=1" / "b.parquet") in message, message
+    assert "column 't', row 123: null event time" in message, message
+
+
+def test_truncated_parquet_split_is_an_input_error(tmp_path: Path) -> None:
+    pq.write_table(events_table(500).sort_by("t"), tmp_path / "a.parquet", row_group_size=100)
+    data = (tmp_path / "a.parquet").read_bytes()
+    splits = parquet_splits(str(tmp_path))
+    (tmp_path / "a.parquet").write_bytes(data[: len(data) // 2])  # e.g. a full disk
+
+    def job(worker: Worker) -> None:
+        worker.dataflow(lambda scope: capture(replayable_source(scope, "Files", splits, "t")[0]))
+        worker.step_until_done()
+
+    message = _input_error(job)
+    assert message.startswith("source 'Files', split 'a.parquet', column 't', row 0: cannot read "
+                              "the split"), message
+
+
+def test_split_read_error_names_the_row_the_read_started_at() -> None:
+    class Broken(Split):
+        key = "broken/0"
+
+        def read(self, offset: int, max_rows: int) -> pa.RecordBatch | None:
+            if offset >= 20:
+                raise pa.ArrowInvalid("bad bytes")
+            return pa.record_batch({"t": pa.array(range(offset, offset + 10), pa.int64())})
+
+    def job(worker: Worker) -> None:
+        worker.dataflow(lambda scope: capture(
+            replayable_source(scope, "Src", [Broken()], "t", max_rows=10)[0]))
+        worker.step_until_done()
+
+    assert _input_error(job) == ("source 'Src', split 'broken/0', column 't', row 20: cannot read "
+                                 "the split: ArrowInvalid: bad bytes")
+
+
+def _timed_directory_job(path: Path, format: str,
+                         schema: pa.Schema | None = None) -> Callable[[Worker], None]:
+    def job(worker: Worker) -> None:
+        worker.dataflow(lambda scope: capture(directory_source(
+            scope, "Drop", str(path), format=format, time="t", poll=0.02, max_rows=5,
+            schema=schema)[0]))
+        worker.step_until_done()
+
+    return job
+
+
+def test_csv_value_not_fitting_the_schema_is_an_input_error(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").write_text("id,t\n0,1\n1,2\nseven,3\n")
+    end_input(tmp_path)
+    schema = pa.schema([("id", pa.int64()), ("t", pa.int64())])
+    message = _input_error(_timed_directory_job(tmp_path, "csv", schema))
+    assert message.startswith("source 'Drop', split 'a.csv', column 't', row 0: cannot read the "
+                              "split: ArrowInvalid"), message
+    assert "seven" in message, message
+
+
+def test_null_time_in_a_directory_file_names_file_column_and_row(tmp_path: Path) -> None:
+    drop_file(tmp_path, "a.parquet",
+              pa.table({"id": [0, 1, 2, 3, 4, 5, 6], "t": pa.array([0, 1, 2, 3, 4, 5, None])}),
+              "parquet")
+    end_input(tmp_path)
+    message = _input_error(_timed_directory_job(tmp_path, "parquet"))
+    assert message == "source 'Drop', split 'a.parquet', column 't', row 6: null event time " \
+                      "(value None)", message

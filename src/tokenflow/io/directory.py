@@ -257,8 +257,10 @@ def directory_source(scope: Any, name: str, path: str, format: str = "parquet",
 
     Raises:
         ValueError: a bad format, poll or granularity.
-        InputError (at run time): with ``time``, a file not sorted by it or holding a row before
-            the source's frontier (naming source, file, column, row and value).
+        InputError (at run time): with ``time``, a file not sorted by it, holding a row before
+            the source's frontier, or a null or bad value in it (naming source, file, column,
+            row and value); a file that cannot be read or parsed (e.g. a CSV value that does
+            not fit ``schema``, a truncated Parquet file; naming source, file and row).
     """
     positions, start = restored(scope, name, positions, start)
     reader = _DirectoryReader(scope, name, os.fspath(path), format, time, poll, end_marker,

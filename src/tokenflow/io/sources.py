@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 
 from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.routing import column_routes
-from tokenflow.io.times import InputError, event_times
+from tokenflow.io.times import InputError, column_times, event_times
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, event_kinds, generate
 
 DEFAULT_HISTORY = 4096
@@ -204,7 +204,7 @@ def table_splits(table: pa.Table | pa.RecordBatch, splits: int = 16, key: str | 
     Raises:
         ValueError: ``splits < 1``.
         KeyError: a ``key`` column the table lacks.
-        InputError: a bad time column (see ``tokenflow.spark.io.event_times``).
+        InputError: a bad time column (see ``tokenflow.io.times.event_times``).
     """
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
@@ -513,23 +513,49 @@ class _Reader:
     # -- reading ----------------------------------------------------------------------------
 
     def _label(self, st: _State) -> str:
-        return f"{self.name}/{st.key}"
+        """``source 'S', split 'k'`` (and the split's file, when it has one), for messages."""
+        path = getattr(st.split, "path", None)
+        where = f"source {self.name!r}, split {st.key!r}"
+        return where if path is None or os.path.basename(path) == st.key else f"{where} ({path!r})"
+
+    def _read(self, st: _State) -> Parts | pa.RecordBatch | pa.Table | None:
+        """The split's next chunk at ``st.offset`` (``read_parts`` for a ``MultiSplit``).
+
+        Raises:
+            InputError: the split could not be read (an Arrow error such as a corrupt file
+                or a CSV value of the wrong type, or an OS error), naming the source, split
+                (file), time column and the offset of the first row of the failed read.
+        """
+        split = st.split
+        try:
+            if isinstance(split, MultiSplit):
+                return split.read_parts(st.offset, self.max_rows)
+            return split.read(st.offset, self.max_rows)
+        except (OSError, pa.ArrowException) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise InputError(f"{self._label(st)}, column {self.time!r}, row {st.offset}: cannot "
+                             f"read the split: {type(exc).__name__}: {reason}") from exc
 
     def _fill(self, st: _State) -> None:
-        """Read the next chunk of ``st`` when its buffer is used up; mark it done at its end."""
+        """Read the next chunk of ``st`` when its buffer is used up; mark it done at its end.
+
+        Raises:
+            InputError: see ``_read``; a null or bad value or type in the time column (naming
+                source, split, column, row and value; ``tokenflow.io.times.column_times``).
+        """
         if st.buffered() or st.done:
             return
-        split = st.split
-        if isinstance(split, MultiSplit):
-            parts = split.read_parts(st.offset, self.max_rows)
-            if parts is None or not len(parts.times):
+        chunk = self._read(st)
+        if isinstance(st.split, MultiSplit):
+            parts = chunk
+            if not isinstance(parts, Parts) or not len(parts.times):
                 st.done = True
                 return
             times = np.asarray(parts.times, dtype=np.int64)
             st.parts = parts.batches
         else:
-            batch = split.read(st.offset, self.max_rows)
-            if batch is None or batch.num_rows == 0:
+            batch = chunk
+            if not isinstance(batch, pa.RecordBatch | pa.Table) or batch.num_rows == 0:
                 st.done = True
                 return
             if isinstance(batch, pa.Table):
@@ -537,7 +563,7 @@ class _Reader:
             if st.fixed_time is not None:
                 times = np.full(batch.num_rows, st.fixed_time, dtype=np.int64)
             else:
-                times = event_times(batch, self.time, self._label(st), st.offset)
+                times = column_times(batch, self.time, self._label(st), st.offset)
             st.parts = {self.outputs[0]: (batch, None)}
         self._check_sorted(st, times)
         st.times = times
@@ -946,7 +972,7 @@ def replayable_source(scope: Any, name: str, splits: Sequence[Split], time: str,
     Every worker builds the source with the same ``splits``; worker ``w`` reads
     ``assign_splits(keys, peers)[w]``, merging them in event-time order.  A row's logical time
     is ``time - time % granularity`` (integer times as they are, timestamps as ms since the
-    Unix epoch, see ``tokenflow.spark.io.event_times``).  At most about ``max_rows`` rows are
+    Unix epoch, see ``tokenflow.io.times.epoch_ms``).  At most about ``max_rows`` rows are
     sent per activation (each split is read ``max_rows`` rows at a time).
 
     Args:
@@ -965,7 +991,9 @@ def replayable_source(scope: Any, name: str, splits: Sequence[Split], time: str,
     Raises:
         ValueError: bad arguments, repeated split keys, positions for unknown splits.
         InputError (at run time): a split not sorted by ``time`` (naming source, split,
-            column, row and value), a row before ``start``, a bad time value.
+            column, row and value), a row before ``start``, a null or bad time value or type,
+            or a split that cannot be read (an Arrow or OS error, naming source, split and
+            the row the failed read started at).
     """
     if splits and isinstance(splits[0], MultiSplit):
         raise TypeError(f"{name}: splits with several outputs go to replayable_streams")
