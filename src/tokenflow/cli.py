@@ -541,14 +541,21 @@ def nexmark_generate(
     output: Annotated[Path, typer.Option(help="Directory for person/, auction/ and bid/.")],
     rate: RateOption = 10_000,
 ) -> None:
-    """Write events [0, N) as Parquet: DIR/person, DIR/auction, DIR/bid (Beam's field names)."""
+    """Write events [0, N) as Parquet: DIR/person, DIR/auction, DIR/bid (Beam's field names).
+
+    All or nothing (``write_parquet``): on an error such as a full disk no partial file is left,
+    an earlier output in DIR still reads, and the command exits 1 naming the file it was
+    writing."""
     from tokenflow.nexmark import write_parquet
 
     start = time.perf_counter()
     try:
         counts = write_parquet(output, events, rate=rate)
     except OSError as exc:
-        _fail(f"cannot write {str(output)!r}: {exc}", 1)
+        where = exc.filename if exc.filename is not None else str(output)
+        reason = exc.strerror or (str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+        _fail(f"cannot write {str(where)!r}: {reason} (nothing written; an earlier output in "
+              f"{str(output)!r} is unchanged)", 1)
     seconds = time.perf_counter() - start
     out = Console(highlight=False, soft_wrap=True)
     out.print(f"{events:,} events at {rate:,} events/s of event time -> {output} "
@@ -571,7 +578,11 @@ def nexmark_query(
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
     input: InputOption = None,
 ) -> None:
-    """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows."""
+    """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
+
+    Bad ``--input`` data (``InputError``, raised while the driver reads and checks the files,
+    or by a worker) exits 2 with the message naming the file, column, row and value."""
+    from tokenflow.io.times import InputError
     from tokenflow.nexmark.queries import load
     from tokenflow.nexmark.run import run_query
 
@@ -594,6 +605,9 @@ def nexmark_query(
                                           granularity_ms=granularity, lag=lag, report_to=endpoint,
                                           input=input),
                         workers, runtime.value, coordinator, err, quiet)
+        error = outcome.get("error")
+        if isinstance(error, WorkerError) and isinstance(error.__cause__, InputError):
+            _fail(f"bad input: {error.__cause__}", 2)
         result = _raise_outcome(outcome)
     except KeyboardInterrupt:
         _fail("interrupted", 130)

@@ -2,12 +2,20 @@
 
 Expected values come from the spec (docs/NEXMARK.md): Beam's field names, the 1:3:46
 proportions, event times ``base + n * 1000 // rate`` ms, Q1's ``price * 89 // 100``.
+
+``generate`` on a full disk (``pyarrow.parquet.write_table`` patched to write half a file and
+raise ``ENOSPC``): no partial or temporary file is left, the command exits 1 naming the file,
+and an earlier complete output in the same directory still reads as it was.  A shorter output
+replaces a longer one whole (no stale parts).
 """
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -17,6 +25,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tokenflow.cli import app
+from tokenflow.io.times import InputError
+from tokenflow.nexmark import GeneratorConfig, generate, write_parquet
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,3 +125,96 @@ def test_unknown_query_exits_2(form: list[str]) -> None:
 def test_master_needs_spark_runtime() -> None:
     code, _, err = invoke("nexmark", "query", "--query", "q1", "--master", "local[2]")
     assert code == 2 and "--master applies to --runtime spark only" in err
+
+
+def full_disk(monkeypatch: pytest.MonkeyPatch, fail_on: int) -> list[str]:
+    """Make call ``fail_on`` (0-based) of ``pyarrow.parquet.write_table`` write the first half of
+    the file and raise ``OSError(ENOSPC)``, as a full disk does; returns the paths written to."""
+    real = pq.write_table
+    calls: list[str] = []
+
+    def write_table(table: pa.Table, where: Any, *args: Any, **kwargs: Any) -> None:
+        calls.append(str(where))
+        if len(calls) - 1 != fail_on:
+            real(table, where, *args, **kwargs)
+            return
+        sink = pa.BufferOutputStream()
+        real(table, sink, *args, **kwargs)
+        data = sink.getvalue().to_pybytes()
+        with open(where, "wb") as file:
+            file.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(pq, "write_table", write_table)
+    return calls
+
+
+def listing(root: Path) -> dict[str, list[str]]:
+    """Every name (hidden ones too) in each kind's directory."""
+    return {kind: sorted(os.listdir(root / kind)) for kind in BEAM_FIELDS}
+
+
+@pytest.mark.parametrize("fail_on", [0, 2])  # the person part, the bid part
+def test_generate_on_a_full_disk_keeps_the_previous_output(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fail_on: int) -> None:
+    root = tmp_path / "data"
+    code, _, err = invoke("nexmark", "generate", "--events", "2000", "--output", str(root))
+    assert code == 0, err
+    before = {kind: pq.read_table(root / kind) for kind in BEAM_FIELDS}
+
+    calls = full_disk(monkeypatch, fail_on)
+    code, out, err = invoke("nexmark", "generate", "--events", "3000", "--output", str(root))
+    kind = list(BEAM_FIELDS)[fail_on]
+    final = root / kind / "part-00000.parquet"
+    assert code == 1, (out, err)
+    assert f"cannot write {str(final)!r}: No space left on device" in err, err
+    written = Path(calls[fail_on])
+    assert written.parent == root / kind and written.name.startswith("."), written  # hidden
+    assert listing(root) == {k: ["part-00000.parquet"] for k in BEAM_FIELDS}
+    for k in BEAM_FIELDS:
+        assert pq.read_table(root / k).equals(before[k]), k
+
+
+def test_generate_on_a_full_disk_leaves_no_file(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    root = tmp_path / "data"
+    full_disk(monkeypatch, 1)
+    code, _, err = invoke("nexmark", "generate", "--events", "2000", "--output", str(root))
+    assert code == 1 and str(root / "auction" / "part-00000.parquet") in err, err
+    assert listing(root) == {k: [] for k in BEAM_FIELDS}
+
+
+def test_shorter_output_replaces_a_longer_one_whole(tmp_path: Path) -> None:
+    config = GeneratorConfig(rate=1000)
+    write_parquet(tmp_path, 5_000, config=config, batch=300, part_events=1_000)
+    assert listing(tmp_path)["bid"] == [f"part-0000{i}.parquet" for i in range(5)]
+    counts = write_parquet(tmp_path, 2_500, config=config, batch=300, part_events=1_000)
+    assert listing(tmp_path) == {k: [f"part-0000{i}.parquet" for i in range(3)] for k in BEAM_FIELDS}
+    whole = generate(0, 2_500, config)
+    for kind, batch in whole.items():
+        assert counts[kind] == batch.num_rows
+        assert pq.read_table(tmp_path / kind).equals(pa.Table.from_batches([batch]))
+
+
+def test_query_bad_input_found_by_a_worker_exits_2(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """The driver checks ``--input`` first; a worker that finds bad data later (the files
+    changed in between) also ends the command with exit 2 and the message, not a traceback."""
+    import tokenflow.nexmark.files as files
+
+    write_parquet(tmp_path, 2_000)
+    real = files.read_events
+    calls: list[object] = []
+    message = "'/x/bid/part-00000.parquet', column 'price', row 3: null (value None)"
+
+    def read_events(directory: Any) -> Any:
+        calls.append(directory)
+        if len(calls) > 1:  # the workers' reads
+            raise InputError(message)
+        return real(directory)
+
+    monkeypatch.setattr(files, "read_events", read_events)
+    code, out, err = invoke("nexmark", "query", "--query", "q1", "--input", str(tmp_path),
+                            "--workers", "2", "--quiet")
+    assert code == 2, (out, err)
+    assert f"bad input: {message}" in err and "Traceback" not in err, err

@@ -23,6 +23,8 @@ times (ms since the Unix epoch), ``utf8`` strings.
 from __future__ import annotations
 
 import os
+import re
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -534,29 +536,91 @@ def events_for_worker(worker: int, peers: int, total: int, batch: int = 10_000,
         yield generate(first, count, config)
 
 
-def write_parquet(directory: str | os.PathLike[str], events: int, rate: int = 10_000,
-                  config: GeneratorConfig | None = None, batch: int = 100_000) -> dict[str, int]:
-    """Write events ``[0, events)`` as ``directory/{person,auction,bid}/part-00000.parquet``.
+PART_EVENTS = 1_000_000
+"""Events per part file of ``write_parquet`` (bounds the memory one part takes to write)."""
 
-    ``config`` (default: ``GeneratorConfig(rate=rate)``) wins over ``rate``.  One row group per
-    ``batch`` events.  Returns the number of rows written per kind.
+_PART = re.compile(r"part-(\d{5,})\.parquet")
+
+
+def _write_error(exc: OSError, path: str) -> OSError:
+    """``exc`` as an ``OSError`` whose ``filename`` is ``path`` (the file being written)."""
+    if exc.errno is not None:
+        return OSError(exc.errno, exc.strerror or os.strerror(exc.errno), path)
+    error = OSError(str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
+    error.filename = path
+    return error
+
+
+def write_parquet(directory: str | os.PathLike[str], events: int, rate: int = 10_000,
+                  config: GeneratorConfig | None = None, batch: int = 100_000,
+                  part_events: int = PART_EVENTS) -> dict[str, int]:
+    """Write events ``[0, events)`` as ``directory/{person,auction,bid}/part-NNNNN.parquet``.
+
+    Part ``k`` of each kind holds that kind's events among ``[k * part_events,
+    (k + 1) * part_events)`` (one part, ``part-00000.parquet``, when ``events <= part_events``,
+    also for 0 events), in ``dateTime`` order, in row groups of at most ``batch`` rows.
+    ``config`` (default: ``GeneratorConfig(rate=rate)``) wins over ``rate``.  Returns the
+    number of rows written per kind.
+
+    All or nothing: every part is written (``pyarrow.parquet.write_table``) under a hidden
+    temporary name in its final directory (``.part-NNNNN.parquet.<pid>-<random>.tmp``, which
+    Arrow, Spark and ``tokenflow.nexmark.files`` skip); only when every part of every kind is
+    complete are they renamed into place (``os.replace``), after which the ``part-NNNNN.parquet``
+    files of an earlier, longer output beyond this one's parts are removed.  On an error (e.g. a
+    full disk) the temporary files are removed and an earlier output in ``directory`` is left
+    as it was (a failure between two renames, which need no space, could still mix them).
+
+    Raises:
+        OSError: creating a directory or writing or renaming a file failed; ``filename`` is the
+            final path of the part being written (e.g. ``errno.ENOSPC`` for a full disk).
+        ValueError: ``events < 0``, ``batch < 1`` or ``part_events < 1``.
     """
+    if events < 0 or batch < 1 or part_events < 1:
+        raise ValueError(f"need events >= 0, batch >= 1 and part_events >= 1, got {events}, "
+                         f"{batch}, {part_events}")
     config = config or GeneratorConfig(rate=rate)
     root = os.fspath(directory)
-    writers = {}
+    token = f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    parts = max(1, -(-events // part_events))
     counts = dict.fromkeys(KINDS, 0)
+    staged: list[tuple[str, str]] = []  # (temporary, final) paths
     try:
         for kind in KINDS:
             os.makedirs(os.path.join(root, kind), exist_ok=True)
-            writers[kind] = pq.ParquetWriter(os.path.join(root, kind, "part-00000.parquet"),
-                                             SCHEMAS[kind])
-        for data in events_for_worker(0, 1, events, batch, config):
+        for k in range(parts):
+            first = k * part_events
+            count = max(0, min(part_events, events - first))
+            blocks = [generate(s, min(batch, first + count - s), config)
+                      for s in range(first, first + count, batch)]
             for kind in KINDS:
-                writers[kind].write_batch(data[kind])
-                counts[kind] += data[kind].num_rows
-    finally:
-        for writer in writers.values():
-            writer.close()
+                table = pa.Table.from_batches([b[kind] for b in blocks], schema=SCHEMAS[kind])
+                final = os.path.join(root, kind, f"part-{k:05d}.parquet")
+                temporary = os.path.join(root, kind, f".part-{k:05d}.parquet.{token}.tmp")
+                staged.append((temporary, final))
+                try:
+                    pq.write_table(table, temporary, row_group_size=batch)
+                except OSError as exc:
+                    raise _write_error(exc, final) from exc
+                counts[kind] += table.num_rows
+            del blocks
+        for temporary, final in staged:
+            try:
+                os.replace(temporary, final)
+            except OSError as exc:
+                raise _write_error(exc, final) from exc
+    except BaseException:
+        for temporary, _ in staged:
+            try:
+                os.remove(temporary)
+            except FileNotFoundError:
+                pass
+        raise
+    for kind in KINDS:  # parts of an earlier, longer output
+        folder = os.path.join(root, kind)
+        for name in os.listdir(folder):
+            match = _PART.fullmatch(name)
+            if match is not None and int(match.group(1)) >= parts:
+                os.remove(os.path.join(folder, name))
     return counts
 
 
