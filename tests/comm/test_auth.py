@@ -1,6 +1,8 @@
 """The mesh handshake (``tokenflow.comm.auth``) over socketpairs, both sides in threads: mutual
-success; refusal of a wrong secret (on either side), a wrong job, a wrong peer, a replayed MAC,
-oversized, garbage and non-handshake frames; and no unpickling before authentication."""
+success with keys that follow the specification (HKDF written out here) and differ per
+connection and direction; refusal of a wrong secret (on either side), a wrong job, version or
+peer, a replayed MAC, oversized, garbage and non-handshake frames; one deadline for the whole
+handshake against a trickling peer; and no unpickling before authentication."""
 
 from __future__ import annotations
 
@@ -10,28 +12,42 @@ import os
 import pickle
 import socket
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from tokenflow.comm.auth import (
     AuthenticationError,
     FrameError,
+    Session,
     accept_handshake,
     connect_handshake,
     new_secret,
 )
-from tokenflow.comm.frames import HANDSHAKE_MAX_FRAME, KIND_HANDSHAKE, KIND_PICKLE, encode_message
+from tokenflow.comm.frames import (
+    HANDSHAKE_MAX_FRAME,
+    KIND_GOODBYE,
+    KIND_HANDSHAKE,
+    KIND_PICKLE,
+    KIND_READY,
+    FrameIntegrityError,
+    decode_message,
+    encode_payload,
+)
 
 SECRET = b"s" * 32
 JOB = "job-a"
 
 
-def header(kind: int, length: int) -> bytes:
-    return b"tF" + bytes([kind, 0]) + (0).to_bytes(4, "big") + length.to_bytes(8, "big")
+def header(kind: int, length: int, flags: int = 0) -> bytes:
+    return b"tF" + bytes([kind, flags]) + (0).to_bytes(4, "big") + length.to_bytes(8, "big")
 
 
 def hs_frame(obj: Any) -> bytes:
@@ -57,17 +73,48 @@ def recv_n(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def mac(secret: bytes, *parts: bytes | int | str) -> bytes:
-    """The protocol's MAC, written out from its specification: HMAC-SHA256 over the parts, each
-    as a 4-byte big-endian length and its bytes (ints as 8-byte signed big-endian, str UTF-8)."""
-    h = hmac.new(secret, digestmod=hashlib.sha256)
+def encode(*parts: bytes | int | str) -> bytes:
+    """The protocol's encoding of a sequence, written out from its specification: each part as
+    a 4-byte big-endian length and its bytes (ints as 8-byte signed big-endian, str UTF-8)."""
+    out = b""
     for p in parts:
         if isinstance(p, int):
             p = p.to_bytes(8, "big", signed=True)
         elif isinstance(p, str):
             p = p.encode()
-        h.update(len(p).to_bytes(4, "big") + p)
-    return h.digest()
+        out += len(p).to_bytes(4, "big") + p
+    return out
+
+
+def mac(secret: bytes, *parts: bytes | int | str) -> bytes:
+    """The protocol's MAC: HMAC-SHA256 keyed with the secret over the encoded parts."""
+    return hmac.new(secret, encode(*parts), hashlib.sha256).digest()
+
+
+def keys(secret: bytes, job: str, nc: bytes, ns: bytes, i: int, j: int) -> tuple[bytes, bytes]:
+    """The connection's keys from the specification: HKDF-SHA256, salt ``Nc|Ns``, info
+    ``"tokenflow mesh v2 keys"|job|i|j``, 64 bytes = (connector → acceptor, acceptor →
+    connector)."""
+    okm = HKDF(hashes.SHA256(), 64, nc + ns, encode("tokenflow mesh v2 keys", job, i, j)).derive(secret)
+    return okm[:32], okm[32:]
+
+
+def nonce(seq: int) -> bytes:
+    return bytes(4) + seq.to_bytes(8, "big")
+
+
+def read_sealed(sock: socket.socket, key: bytes, seq: int) -> tuple[int, bytes]:
+    """Read and open one sealed frame by hand: ``(kind, payload)``."""
+    head = recv_n(sock, 16)
+    assert head[:2] == b"tF" and head[3] == 1
+    body = recv_n(sock, int.from_bytes(head[8:16], "big"))
+    return head[2], AESGCM(key).decrypt(nonce(seq), body, head)
+
+
+def pickle_frame(message: Any) -> bytes:
+    """A data frame in the clear, as version 1 of the protocol sent them."""
+    payload = pickle.dumps(message, protocol=5)
+    return header(KIND_PICKLE, len(payload)) + payload
 
 
 Outcome = tuple[str, Any]  # ("ok", result) or ("error", exception)
@@ -123,8 +170,8 @@ def accept(secret: bytes = SECRET, job: str = JOB, me: int = 0) -> Callable[[soc
 def test_handshake_succeeds_both_sides(me: int, peer: int) -> None:
     secret = new_secret()
     c, a = run_pair(connect(secret, me=me, peer=peer), accept(secret, me=peer))
-    assert c == ("ok", None)
-    assert a == ("ok", me), "the acceptor learns the connecting worker's index"
+    assert c[0] == "ok" and isinstance(c[1], Session) and c[1].peer == peer
+    assert a[0] == "ok" and a[1].peer == me, "the acceptor learns the connecting worker's index"
 
 
 def test_new_secret_is_fresh() -> None:
@@ -134,20 +181,132 @@ def test_new_secret_is_fresh() -> None:
 
 def test_spec_client_is_accepted() -> None:
     """A client written from the protocol description alone passes: the acceptor's MAC checks
-    out and our MAC is taken (positive control for the rogue clients below)."""
+    out, our MAC is taken, the acceptor's key confirmation opens with the key derived here
+    (HKDF, frame 0 of its direction), and a frame sealed here with ours reaches the acceptor
+    (positive control for the rogue clients below)."""
+    got: dict[str, Any] = {}
 
-    def client(sock: socket.socket) -> dict[str, Any]:
+    def client(sock: socket.socket) -> tuple[int, bytes]:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 3, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 3, "nonce": nc}))
         reply = hs_read(sock)
         assert reply["worker"] == 0
         assert hmac.compare_digest(reply["mac"], mac(SECRET, "accept", JOB, nc, reply["nonce"], 3, 0))
         sock.sendall(hs_frame({"mac": mac(SECRET, "connect", JOB, reply["nonce"], nc, 3, 0)}))
+        out_key, in_key = keys(SECRET, JOB, nc, reply["nonce"], 3, 0)
+        ready = read_sealed(sock, in_key, 0)
+        payload = pickle.dumps((1, ["from the spec client"]), protocol=5)
+        head = header(KIND_PICKLE, len(payload) + 16, flags=1)
+        sock.sendall(head + AESGCM(out_key).encrypt(nonce(0), payload, head))
+        sock.recv(1)  # until the acceptor is done
+        return ready
+
+    def acceptor(sock: socket.socket) -> int:
+        session = accept_handshake(sock, SECRET, JOB, 0)
+        kind, _, payload = session.opener.read(sock, 1 << 20)
+        got["message"] = decode_message(kind, payload)
+        return session.peer
+
+    c, a = run_pair(client, acceptor)
+    assert c == ("ok", (KIND_READY, b""))
+    assert a == ("ok", 3)
+    assert got["message"] == (1, ["from the spec client"])
+
+
+def exchange_after_handshake(secret: bytes = SECRET) -> tuple[Outcome, Outcome]:
+    """Both sides handshake, then each seals two messages and opens the other's two."""
+
+    def talk(session: Session, sock: socket.socket, who: str) -> list[Any]:
+        frames = [session.sealer.seal(7, encode_payload((k, [f"{who} {k}"]))) for k in range(2)]
+        sock.sendall(b"".join(bytes(f) for f in frames))
+        out = []
+        for _ in range(2):
+            kind, _, payload = session.opener.read(sock, 1 << 20)
+            out.append(decode_message(kind, payload))
+        return out
+
+    return run_pair(lambda s: talk(connect_handshake(s, secret, JOB, 1, 0), s, "connector"),
+                    lambda s: talk(accept_handshake(s, secret, JOB, 0), s, "acceptor"))
+
+
+def test_sessions_interoperate_in_both_directions() -> None:
+    c, a = exchange_after_handshake()
+    assert c == ("ok", [(0, ["acceptor 0"]), (1, ["acceptor 1"])])
+    assert a == ("ok", [(0, ["connector 0"]), (1, ["connector 1"])])
+
+
+def test_keys_differ_per_connection_and_direction() -> None:
+    """Two connections between the same workers with the same secret get four different
+    keys: a frame recorded on one connection (or echoed back) opens on no other."""
+    sessions = [run_pair(connect(), accept()) for _ in range(2)]
+    sealers = [side[1].sealer for pair in sessions for side in pair]
+    probe = [bytes(s.seal_control(KIND_GOODBYE)) for s in sealers]
+    assert len(set(probe)) == 4
+    # the connector's first frame of connection 0 does not open as connection 1's
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(probe[0])
+        with pytest.raises(FrameIntegrityError):
+            sessions[1][1][1].opener.read(b, 1 << 20)
+        a.sendall(probe[0])  # nor echoed back to the connector that sent it
+        with pytest.raises(FrameIntegrityError):
+            sessions[0][0][1].opener.read(b, 1 << 20)
+
+
+def test_version_1_peer_refused() -> None:
+    """A hello without ``"v"`` (protocol 1, whose frames were not sealed) is refused."""
+
+    def old(sock: socket.socket) -> dict[str, Any]:
+        sock.sendall(hs_frame({"job": JOB, "worker": 1, "nonce": os.urandom(16)}))
         return hs_read(sock)
 
-    c, a = run_pair(client, accept())
-    assert c == ("ok", {"ok": True})
-    assert a == ("ok", 3)
+    c, a = run_pair(old, accept())
+    refused(a, AuthenticationError, "peer speaks mesh protocol 1, this worker speaks 2")
+    assert a[1].reason == "wrong version"  # type: ignore[attr-defined]
+
+
+def test_acceptor_without_key_confirmation_refused() -> None:
+    """An acceptor that answers step 4 in the clear (protocol 1's ``{"ok": True}``) is
+    refused: the connector wants a frame sealed with the new key."""
+
+    def old_acceptor(sock: socket.socket) -> None:
+        hello = hs_read(sock)
+        ns = os.urandom(16)
+        sock.sendall(hs_frame({"worker": 0, "nonce": ns,
+                               "mac": mac(SECRET, "accept", JOB, hello["nonce"], ns, 1, 0)}))
+        hs_read(sock)
+        sock.sendall(hs_frame({"ok": True}))
+        sock.recv(1)
+
+    c, a = run_pair(connect(), old_acceptor)
+    refused(c, AuthenticationError, "worker 0 did not confirm the keys")
+
+
+def test_handshake_deadline_covers_the_whole_handshake() -> None:
+    """A peer that sends its hello one byte every 0.1 s (so no single read ever times out)
+    is dropped when the handshake's one deadline passes."""
+    hello = hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": os.urandom(16)})
+
+    def trickler(sock: socket.socket) -> None:
+        for byte in hello:
+            sock.sendall(bytes([byte]))
+            time.sleep(0.1)
+        hs_read(sock)
+
+    start = time.monotonic()
+    c, a = run_pair(trickler, lambda s: accept_handshake(s, SECRET, JOB, 0,
+                                                         deadline=time.monotonic() + 0.8))
+    refused(a, TimeoutError, "deadline passed")
+    assert time.monotonic() - start < 8, "the trickler would have needed ~6 s"
+
+
+def test_short_nonce_refused() -> None:
+    def sender(sock: socket.socket) -> None:
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": b"n"}))
+        hs_read(sock)
+
+    c, a = run_pair(sender, accept())
+    refused(a, AuthenticationError, "'nonce' has 1 bytes, not 16")
 
 
 # -- wrong secret, job, peer -------------------------------------------------------------------
@@ -165,7 +324,7 @@ def test_acceptor_refuses_connector_with_wrong_secret() -> None:
 
     def rogue(sock: socket.socket) -> dict[str, Any]:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 1, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": nc}))
         reply = hs_read(sock)
         sock.sendall(hs_frame({"mac": mac(b"wrong" * 6, "connect", JOB, reply["nonce"], nc, 1, 0)}))
         return hs_read(sock)
@@ -181,7 +340,7 @@ def test_acceptor_refuses_replayed_mac() -> None:
 
     def replayer(sock: socket.socket) -> dict[str, Any]:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 1, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": nc}))
         hs_read(sock)
         stale = b"\x00" * 16  # not the acceptor's nonce of this session
         sock.sendall(hs_frame({"mac": mac(SECRET, "connect", JOB, stale, nc, 1, 0)}))
@@ -197,7 +356,7 @@ def test_mac_of_other_worker_is_refused() -> None:
 
     def impostor(sock: socket.socket) -> dict[str, Any]:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 2, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 2, "nonce": nc}))
         reply = hs_read(sock)
         sock.sendall(hs_frame({"mac": mac(SECRET, "connect", JOB, reply["nonce"], nc, 1, 0)}))
         return hs_read(sock)
@@ -219,7 +378,7 @@ def test_wrong_job_same_secret_mac_does_not_transfer() -> None:
 
     def other_job(sock: socket.socket) -> dict[str, Any]:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 1, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": nc}))
         reply = hs_read(sock)
         sock.sendall(hs_frame({"mac": mac(SECRET, "connect", "job-b", reply["nonce"], nc, 1, 0)}))
         return hs_read(sock)
@@ -269,11 +428,11 @@ def test_handshake_frame_at_limit_is_read() -> None:
     nonce = os.urandom(16)
     pad = HANDSHAKE_MAX_FRAME
     while True:
-        payload = msgpack.packb({"job": JOB, "worker": 1, "nonce": nonce, "pad": "p" * pad})
+        payload = msgpack.packb({"v": 2, "job": JOB, "worker": 1, "nonce": nonce, "pad": "p" * pad})
         if len(payload) <= HANDSHAKE_MAX_FRAME:
             break
         pad -= len(payload) - HANDSHAKE_MAX_FRAME
-    payload = msgpack.packb({"job": JOB, "worker": 1, "nonce": nonce, "pad": "p" * pad})
+    payload = msgpack.packb({"v": 2, "job": JOB, "worker": 1, "nonce": nonce, "pad": "p" * pad})
     assert len(payload) == HANDSHAKE_MAX_FRAME
 
     def padded(sock: socket.socket) -> dict[str, Any]:
@@ -298,16 +457,21 @@ def test_garbage_handshake_refused(payload: bytes) -> None:
         hs_read(sock)
 
     c, a = run_pair(sender, accept())
-    refused(a, AuthenticationError)
+    error = refused(a, AuthenticationError)
     refused(c, EOFError)
+    reason = str(error).split(": ", 1)[1]  # "malformed handshake: <what msgpack said>"
+    assert reason.strip() and error.reason == "bad handshake", f"no reason given: {error}"  # type: ignore[attr-defined]
+    if payload == b"\xc1\xc1\xc1":
+        assert str(error) == "malformed handshake: FormatError"  # msgpack's own message is empty
 
 
 @pytest.mark.parametrize("hello", [
-    {"job": JOB, "worker": "1", "nonce": b"n" * 16},     # worker not an int
-    {"job": JOB, "nonce": b"n" * 16},                     # no worker
-    {"job": JOB, "worker": 1, "nonce": "n" * 16},         # nonce not bytes
-    {"job": JOB, "worker": 1},                            # no nonce
-], ids=["worker-str", "no-worker", "nonce-str", "no-nonce"])
+    {"v": 2, "job": JOB, "worker": "1", "nonce": b"n" * 16},     # worker not an int
+    {"v": 2, "job": JOB, "worker": True, "nonce": b"n" * 16},    # worker a bool
+    {"v": 2, "job": JOB, "nonce": b"n" * 16},                     # no worker
+    {"v": 2, "job": JOB, "worker": 1, "nonce": "n" * 16},         # nonce not bytes
+    {"v": 2, "job": JOB, "worker": 1},                            # no nonce
+], ids=["worker-str", "worker-bool", "no-worker", "nonce-str", "no-nonce"])
 def test_bad_hello_fields_refused(hello: dict[str, Any]) -> None:
     def sender(sock: socket.socket) -> None:
         sock.sendall(hs_frame(hello))
@@ -349,7 +513,7 @@ def test_bomb_detonates_when_unpickled(tmp_path: Path) -> None:
 
 def test_pickle_frame_refused_before_authentication(tmp_path: Path) -> None:
     marker = tmp_path / "bomb"
-    frame = b"".join(bytes(memoryview(b)) for b in encode_message(0, (0, [Bomb(str(marker))])))
+    frame = pickle_frame((0, [Bomb(str(marker))]))
     assert frame[2] == KIND_PICKLE
 
     def sender(sock: socket.socket) -> None:
@@ -377,11 +541,11 @@ def test_pickle_in_handshake_frame_not_unpickled(tmp_path: Path) -> None:
 def test_pickle_after_failed_mac_not_unpickled(tmp_path: Path) -> None:
     """Data sent right behind a wrong MAC is never read."""
     marker = tmp_path / "bomb"
-    data = b"".join(bytes(memoryview(b)) for b in encode_message(0, (0, [Bomb(str(marker))])))
+    data = pickle_frame((0, [Bomb(str(marker))]))
 
     def rogue(sock: socket.socket) -> None:
         nc = os.urandom(16)
-        sock.sendall(hs_frame({"job": JOB, "worker": 1, "nonce": nc}))
+        sock.sendall(hs_frame({"v": 2, "job": JOB, "worker": 1, "nonce": nc}))
         reply = hs_read(sock)
         sock.sendall(hs_frame({"mac": mac(b"w" * 32, "connect", JOB, reply["nonce"], nc, 1, 0)})
                      + data)

@@ -1,53 +1,83 @@
-"""Frames of the worker mesh (``tokenflow.comm.frames``): encode/decode round trips of list and
-Arrow batches with integer and ``Product`` times, and ``read_frame``'s refusals over a real
-``socket.socketpair()`` (bad magic, over-long declared length refused before the payload is read,
-truncation, malformed payloads)."""
+"""Frames of the worker mesh (``tokenflow.comm.frames``).
+
+* Payloads: list and Arrow batches with integer and ``Product`` times round-trip, in the
+  documented layout.
+* Sealed frames: the wire format written out independently (header as associated data,
+  AES-256-GCM with the nonce ``0^32 | seq``, rekeying by HKDF-Expand) matches what
+  ``FrameSealer`` sends, and ``FrameOpener`` opens it; a flipped bit anywhere, a wrong key, a
+  replayed, reordered or dropped frame, or a frame in the clear is refused before anything is
+  decoded (a pickle bomb behind a bad tag never runs).
+* ``read_frame`` (the handshake's reader in the clear) over a real ``socket.socketpair()``:
+  bad magic, over-long declared length refused before the payload is read, truncation, sealed
+  frames refused; ``recv_exactly``'s deadline bounds a whole read against a trickling peer.
+* Malformed payloads raise ``FrameError``.
+"""
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
+import struct
 import threading
+import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+from cryptography.hazmat.primitives.kdf.hkdf import HKDFExpand
 
 from tokenflow.comm.frames import (
+    FLAG_SEALED,
     HEADER_SIZE,
     KIND_ARROW,
     KIND_GOODBYE,
     KIND_PICKLE,
+    TAG_SIZE,
     FrameError,
+    FrameIntegrityError,
+    FrameOpener,
+    FrameSealer,
     decode_message,
     encode_control,
-    encode_message,
+    encode_payload,
     read_frame,
+    recv_exactly,
 )
 from tokenflow.order import Product
 
 # The wire header, written out independently of the module: magic "tF", kind u8, flags u8,
-# channel u32, payload length u64, all big-endian.
+# channel u32, length u64, all big-endian.
+
+KEY = bytes(range(32))
 
 
-def header(kind: int, channel: int, length: int, magic: bytes = b"tF") -> bytes:
-    return magic + bytes([kind, 0]) + channel.to_bytes(4, "big") + length.to_bytes(8, "big")
+def header(kind: int, channel: int, length: int, magic: bytes = b"tF", flags: int = 0) -> bytes:
+    return magic + bytes([kind, flags]) + channel.to_bytes(4, "big") + length.to_bytes(8, "big")
 
 
-def join(buffers: list[Any]) -> bytes:
-    return b"".join(bytes(memoryview(b)) for b in buffers)
+def nonce(seq: int) -> bytes:
+    return bytes(4) + seq.to_bytes(8, "big")
 
 
-def parse(frame: bytes) -> tuple[int, int, bytes]:
-    """``(kind, channel, payload)`` of one whole frame, checking the header by hand."""
-    assert frame[:2] == b"tF"
-    assert frame[3] == 0  # flags
-    kind = frame[2]
-    channel = int.from_bytes(frame[4:8], "big")
-    length = int.from_bytes(frame[8:16], "big")
-    assert length == len(frame) - 16, "declared length must be the payload's length"
-    return kind, channel, frame[16:]
+def spec_seal(key: bytes, seq: int, kind: int, channel: int, payload: bytes) -> bytes:
+    """A sealed frame built from the format's description alone."""
+    head = header(kind, channel, len(payload) + 16, flags=1)
+    return head + AESGCM(key).encrypt(nonce(seq), payload, head)
+
+
+def plain(message: Any) -> tuple[int, bytes]:
+    """``(kind, payload bytes)`` of a message."""
+    p = encode_payload(message)
+    return p.kind, bytes(p.data)
+
+
+def seal(sealer: FrameSealer, channel: int, message: Any) -> bytes:
+    return bytes(sealer.seal(channel, encode_payload(message)))
 
 
 @pytest.fixture
@@ -88,15 +118,14 @@ def sample_batch(rows: int = 5) -> pa.RecordBatch:
 TIMES = [0, 7, 2**40, Product(3, 1), Product(Product(1, 2), 5)]
 
 
-# -- encode / decode ---------------------------------------------------------------------------
+# -- payloads ----------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize("time", TIMES, ids=repr)
 def test_list_batch_round_trip(time: Any) -> None:
     batch = ["a", ("b", 2), None, b"\x00\xff", 3.5, {"k": [1, 2]}, "é" * 3]
-    frame = join(encode_message(42, (time, batch)))
-    kind, channel, payload = parse(frame)
-    assert (kind, channel) == (KIND_PICKLE, 42)
+    kind, payload = plain((time, batch))
+    assert kind == KIND_PICKLE
     assert payload[:2] == b"\x80\x05", "lists travel as pickle protocol 5"
     out_time, out_batch = decode_message(kind, payload)
     assert out_batch == batch
@@ -107,15 +136,18 @@ def test_list_batch_round_trip(time: Any) -> None:
 @pytest.mark.parametrize("time", TIMES, ids=repr)
 def test_arrow_batch_round_trip(time: Any) -> None:
     batch = sample_batch(1000)
-    frame = join(encode_message(2**32 - 1, (time, batch)))
-    kind, channel, payload = parse(frame)
-    assert (kind, channel) == (KIND_ARROW, 2**32 - 1)
+    p = encode_payload((time, batch))
+    assert p.kind == KIND_ARROW
+    payload = bytes(p.data)
     # Arrow payload: u32 length of the pickled time, the pickled time, one Arrow IPC stream.
     n = int.from_bytes(payload[:4], "big")
     assert pickle.loads(payload[4 : 4 + n]) == time
     ipc = pa.ipc.open_stream(pa.py_buffer(payload[4 + n :])).read_all()
     assert ipc.to_batches()[0].equals(batch)
-    out_time, out_batch = decode_message(kind, bytearray(payload))
+    # ... written into a frame-shaped buffer, with room for the header and the tag
+    assert p.frame is not None and p.frame.nbytes == HEADER_SIZE + len(payload) + TAG_SIZE
+    assert bytes(p.frame[HEADER_SIZE : HEADER_SIZE + len(payload)]) == payload
+    out_time, out_batch = decode_message(p.kind, bytearray(payload))
     assert out_time == time and type(out_time) is type(time)
     assert isinstance(out_batch, pa.RecordBatch)
     assert out_batch.schema == batch.schema
@@ -124,18 +156,18 @@ def test_arrow_batch_round_trip(time: Any) -> None:
 
 def test_arrow_empty_batch_and_sliced_batch() -> None:
     empty = sample_batch(0)
-    _, out = decode_message(KIND_ARROW, parse(join(encode_message(1, (0, empty))))[2])
+    _, out = decode_message(*plain((0, empty)))
     assert out.num_rows == 0 and out.schema == empty.schema
     sliced = sample_batch(100).slice(37, 11)
-    _, out = decode_message(KIND_ARROW, parse(join(encode_message(1, (0, sliced))))[2])
+    _, out = decode_message(*plain((0, sliced)))
     assert out.to_pydict()["key"] == list(range(37, 48))
 
 
 def test_non_batch_messages_are_pickled() -> None:
     """A progress batch (any picklable object, not a ``(time, RecordBatch)`` pair)."""
     message = [((0, 1, 2), 5, -1), ((0, 1, 2), 6, 1)]
-    kind, channel, payload = parse(join(encode_message(3, message)))
-    assert (kind, channel) == (KIND_PICKLE, 3)
+    kind, payload = plain(message)
+    assert kind == KIND_PICKLE
     assert decode_message(kind, payload) == message
 
 
@@ -144,33 +176,217 @@ def test_control_frame() -> None:
     assert encode_control(16, b"hello", channel=9) == header(16, 9, 5) + b"hello"
 
 
-# -- read_frame over a socket ------------------------------------------------------------------
+# -- sealed frames: the format -----------------------------------------------------------------
 
 
-def test_read_frames_over_socketpair(pair: tuple[socket.socket, socket.socket]) -> None:
+@pytest.mark.parametrize("message", [(3, ["a", 1]), (Product(1, 2), sample_batch(50))],
+                         ids=["pickle", "arrow"])
+def test_sealed_frame_matches_the_specification(message: Any) -> None:
+    """Frames 0 and 1 equal AES-256-GCM of the payload under nonce ``0^32 | seq`` with the
+    header (flags 1, length = payload + 16) as associated data: the payload is encrypted."""
+    sealer = FrameSealer(KEY)
+    kind, payload = plain(message)
+    first = seal(sealer, 9, message)
+    second = seal(sealer, 9, message)
+    assert first == spec_seal(KEY, 0, kind, 9, payload)
+    assert second == spec_seal(KEY, 1, kind, 9, payload)
+    assert first[HEADER_SIZE:] != second[HEADER_SIZE:], "each frame has its own nonce"
+    assert first[3] == FLAG_SEALED
+    assert payload[:64] not in first, "the payload does not travel in the clear"
+
+
+def test_control_frames_are_sealed_too() -> None:
+    sealer = FrameSealer(KEY)
+    assert bytes(sealer.seal_control(KIND_GOODBYE)) == spec_seal(KEY, 0, KIND_GOODBYE, 0, b"")
+
+
+def test_rekeying_follows_hkdf_expand() -> None:
+    """After ``rekey_bytes`` of payload the next frame uses HKDF-Expand(SHA-256, 32,
+    "tokenflow mesh v2 rekey") of the previous key; sequence numbers go on."""
+    sealer = FrameSealer(KEY, rekey_bytes=100)
+    kind, payload = plain(b"x" * 120)  # one frame over the limit
+    assert seal(sealer, 1, b"x" * 120) == spec_seal(KEY, 0, kind, 1, payload)
+    key2 = HKDFExpand(hashes.SHA256(), 32, b"tokenflow mesh v2 rekey").derive(KEY)
+    assert seal(sealer, 1, b"x" * 120) == spec_seal(key2, 1, kind, 1, payload)
+
+
+def test_seal_and_open_over_socketpair_with_rekeying(pair: tuple[socket.socket, socket.socket]) -> None:
     a, b = pair
+    sealer, opener = FrameSealer(KEY, rekey_bytes=5000), FrameOpener(KEY, rekey_bytes=5000)
     big = sample_batch(200_000)  # several MB: the writer must run beside the reader
-    messages: list[tuple[int, Any]] = [
-        (5, (Product(1, 0), [1, 2, 3])),
-        (6, (4, big)),
-        (7, (Product(2, 3), sample_batch(3))),
-    ]
-    buffers: list[Any] = []
-    for channel, message in messages:
-        buffers.extend(encode_message(channel, message))
-    buffers.append(encode_control(KIND_GOODBYE))
-    writer = threading.Thread(target=lambda: a.sendall(join(buffers)))
+    messages: list[tuple[int, Any]] = [(5, (Product(1, 0), [1, 2, 3])), (6, (4, big))]
+    messages += [(7, (i, sample_batch(100 + i))) for i in range(20)]  # ~20 rekeys
+    frames = [seal(sealer, c, m) for c, m in messages] + [bytes(sealer.seal_control(KIND_GOODBYE))]
+    writer = threading.Thread(target=lambda: a.sendall(b"".join(frames)))
     writer.start()
-    got = [read_frame(b, 1 << 30) for _ in range(4)]
+    got = [opener.read(b, 1 << 30) for _ in range(len(frames))]
     writer.join()
-    assert [(k, c) for k, c, _ in got] == [(KIND_PICKLE, 5), (KIND_ARROW, 6), (KIND_ARROW, 7),
-                                          (KIND_GOODBYE, 0)]
-    assert got[3][2] == b""
+    assert [(k, c) for k, c, _ in got][:3] == [(KIND_PICKLE, 5), (KIND_ARROW, 6), (KIND_ARROW, 7)]
+    assert got[-1][:2] == (KIND_GOODBYE, 0) and got[-1][2].nbytes == 0
     assert decode_message(got[0][0], got[0][2]) == (Product(1, 0), [1, 2, 3])
-    time, batch = decode_message(got[1][0], got[1][2])
-    assert time == 4 and batch.equals(big)
-    time, batch = decode_message(got[2][0], got[2][2])
-    assert time == Product(2, 3) and batch.to_pydict() == sample_batch(3).to_pydict()
+    time_, batch = decode_message(got[1][0], got[1][2])
+    assert time_ == 4 and batch.equals(big)
+    for i, (kind, _, payload) in enumerate(got[2:-1]):
+        time_, batch = decode_message(kind, payload)
+        assert time_ == i and batch.equals(sample_batch(100 + i))
+    assert opener.seq == sealer.seq == len(frames)
+
+
+# -- sealed frames: refusals -------------------------------------------------------------------
+
+
+def frames_of(n: int, key: bytes = KEY) -> list[bytes]:
+    sealer = FrameSealer(key)
+    return [seal(sealer, 1, (i, [f"record {i}"])) for i in range(n)]
+
+
+def read_all(sock: socket.socket, data: bytes, count: int,
+             opener: FrameOpener | None = None) -> list[Any]:
+    """Send ``data`` and open ``count`` frames; the decoded messages, or the exception."""
+    opener = opener or FrameOpener(KEY)
+    sock.sendall(data)
+    return [decode_message(*opener.read(sock, 1 << 20)[::2]) for _ in range(count)]
+
+
+def test_in_order_frames_open(pair: tuple[socket.socket, socket.socket]) -> None:
+    """Positive control for the refusals below."""
+    a, b = pair
+    a.sendall(b"".join(frames_of(3)))
+    opener = FrameOpener(KEY)
+    assert [decode_message(k, p) for k, _, p in (opener.read(b, 1 << 20) for _ in range(3))] == [
+        (0, ["record 0"]), (1, ["record 1"]), (2, ["record 2"])]
+
+
+@pytest.mark.parametrize("case", ["replayed", "reordered", "dropped", "wrong-key"])
+def test_replayed_reordered_dropped_or_foreign_frames_refused(
+        pair: tuple[socket.socket, socket.socket], case: str) -> None:
+    a, b = pair
+    f = frames_of(3)
+    stream = {"replayed": f[0] + f[0], "reordered": f[1] + f[0], "dropped": f[1],
+              "wrong-key": frames_of(1, key=os.urandom(32))[0]}[case]
+    opener = FrameOpener(KEY)
+    a.sendall(stream)
+    if case == "replayed":
+        assert decode_message(*opener.read(b, 1 << 20)[::2]) == (0, ["record 0"])
+    seq = opener.seq
+    with pytest.raises(FrameIntegrityError, match=f"frame #{seq} .* failed its integrity check"):
+        opener.read(b, 1 << 20)
+
+
+@pytest.mark.parametrize("offset", [2, 3, 7, HEADER_SIZE, HEADER_SIZE + 5, -1],
+                         ids=["kind", "flags", "channel", "body-start", "body", "tag"])
+def test_flipped_bit_refused(pair: tuple[socket.socket, socket.socket], offset: int) -> None:
+    a, b = pair
+    frame = bytearray(frames_of(1)[0])
+    frame[offset] ^= 0x01
+    a.sendall(bytes(frame))
+    with pytest.raises(FrameError) as info:
+        FrameOpener(KEY).read(b, 1 << 20)
+    if offset != 3:  # a cleared sealed flag is refused as a frame in the clear
+        assert isinstance(info.value, FrameIntegrityError)
+
+
+def test_changed_length_refused(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A length cut short (the rest of the stream read as the next frame) fails the tag."""
+    a, b = pair
+    frame = bytearray(frames_of(1)[0])
+    struct.pack_into("!Q", frame, 8, len(frame) - HEADER_SIZE - 1)
+    a.sendall(bytes(frame))
+    with pytest.raises(FrameIntegrityError):
+        FrameOpener(KEY).read(b, 1 << 20)
+
+
+def test_frame_in_the_clear_refused_after_handshake(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    body = pickle.dumps((0, ["injected"]), protocol=5)
+    a.sendall(header(KIND_PICKLE, 1, len(body)) + body)
+    with pytest.raises(FrameError, match="frame #0 of kind 1 is not sealed"):
+        FrameOpener(KEY).read(b, 1 << 20)
+    assert unread(b) == body, "the body of a frame in the clear is not even read"
+
+
+class Bomb:
+    """Unpickling a ``Bomb`` writes its marker file."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (exec, (f"open({self.marker!r}, 'w').write('unpickled')",))
+
+
+def test_bomb_behind_a_bad_tag_never_runs(pair: tuple[socket.socket, socket.socket],
+                                          tmp_path: Path) -> None:
+    """A sealed-looking frame whose body is a pickle bomb and a made-up tag: refused, and the
+    bomb (which does detonate when unpickled: the positive control) never runs."""
+    a, b = pair
+    marker = tmp_path / "bomb"
+    body = pickle.dumps((0, [Bomb(str(marker))]), protocol=5)
+    a.sendall(header(KIND_PICKLE, 1, len(body) + 16, flags=1) + body + bytes(16))
+    with pytest.raises(FrameIntegrityError):
+        FrameOpener(KEY).read(b, 1 << 20)
+    assert not marker.exists()
+    pickle.loads(body)
+    assert marker.read_text() == "unpickled"
+
+
+def test_sealed_oversized_length_refused_before_reading(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    body = b"A" * 2048
+    a.sendall(header(KIND_PICKLE, 1, (1 << 30) + 16, flags=1) + body)
+    with pytest.raises(FrameError, match=f"frame of {1 << 30} bytes exceeds the limit of 4096"):
+        FrameOpener(KEY).read(b, 4096)
+    assert unread(b) == body
+
+
+def test_sealed_limit_counts_the_payload(pair: tuple[socket.socket, socket.socket]) -> None:
+    """``max_payload`` is the payload's size: a frame of exactly that many bytes is read."""
+    a, b = pair
+    sealer, opener = FrameSealer(KEY), FrameOpener(KEY)
+    frame = bytes(sealer.seal_control(KIND_PICKLE, pickle.dumps(list(range(30)), protocol=5)))
+    n = len(frame) - HEADER_SIZE - TAG_SIZE
+    a.sendall(frame)
+    assert decode_message(*opener.read(b, n)[::2]) == list(range(30))
+    a.sendall(bytes(sealer.seal_control(KIND_PICKLE, pickle.dumps(list(range(30)), protocol=5))))
+    with pytest.raises(FrameError, match=f"exceeds the limit of {n - 1}"):
+        opener.read(b, n - 1)
+
+
+def test_truncated_sealed_frame(pair: tuple[socket.socket, socket.socket]) -> None:
+    a, b = pair
+    a.sendall(frames_of(1)[0][:-5])
+    a.shutdown(socket.SHUT_WR)
+    with pytest.raises(EOFError, match="connection closed"):
+        FrameOpener(KEY).read(b, 1 << 20)
+
+
+# -- recv_exactly's deadline -------------------------------------------------------------------
+
+
+def test_deadline_bounds_the_whole_read(pair: tuple[socket.socket, socket.socket]) -> None:
+    """A peer sending one byte every 0.1 s never lets a single ``recv`` time out, but the
+    read as a whole ends at its deadline."""
+    a, b = pair
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.wait(0.1):
+            try:
+                a.send(b"t")
+            except OSError:
+                return
+
+    threading.Thread(target=trickle, daemon=True).start()
+    start = time.monotonic()
+    try:
+        with pytest.raises(TimeoutError, match="deadline passed after [1-9]"):
+            recv_exactly(b, 1000, deadline=start + 0.6)
+    finally:
+        stop.set()
+    assert 0.55 < time.monotonic() - start < 1.5
+
+
+# -- read_frame: the handshake's reader in the clear ----------------------------------------
 
 
 def test_bad_magic(pair: tuple[socket.socket, socket.socket]) -> None:
@@ -228,6 +444,14 @@ def test_truncated_frame(pair: tuple[socket.socket, socket.socket], sent: bytes)
         read_frame(b, 1 << 20)
 
 
+def test_sealed_frame_refused_in_the_clear(pair: tuple[socket.socket, socket.socket]) -> None:
+    """The handshake reader takes no sealed frames (flags must be 0)."""
+    a, b = pair
+    a.sendall(frames_of(1)[0])
+    with pytest.raises(FrameError, match="flags 0x1"):
+        read_frame(b, 1 << 20)
+
+
 # -- malformed payloads ------------------------------------------------------------------------
 
 
@@ -235,7 +459,7 @@ TIME3 = b"\x00\x00\x00\x05" + pickle.dumps(3, protocol=5)  # a valid time prefix
 
 
 def valid_arrow_payload() -> bytes:
-    return parse(join(encode_message(0, (3, sample_batch(10)))))[2]
+    return plain((3, sample_batch(10)))[1]
 
 
 @pytest.mark.parametrize("kind, payload", [

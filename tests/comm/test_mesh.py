@@ -212,7 +212,7 @@ def probe_worker(address: tuple[str, int], job: str, worker: int) -> dict[str, s
         return msgpack.unpackb(sock.recv(n, socket.MSG_WAITALL))  # type: ignore[no-any-return]
 
     def wrong_mac(sock: socket.socket) -> None:
-        sock.sendall(hs({"job": job, "worker": 5, "nonce": os.urandom(16)}))
+        sock.sendall(hs({"v": 2, "job": job, "worker": 5, "nonce": os.urandom(16)}))
         hs_read(sock)
         sock.sendall(hs({"mac": os.urandom(32)}))
         hs_read(sock)
@@ -309,7 +309,7 @@ def test_frame_over_max_frame_fails_the_job() -> None:
     elapsed = time.monotonic() - start
     message = str(info.value)
     assert info.value.worker == 1, message  # the receiver refused the frame ...
-    assert "lost connection to worker 0" in message, message  # ... and names the sender
+    assert "refused a frame from worker 0" in message, message  # ... and names the sender
     assert "exceeds the limit of 4096 bytes" in message, message
     assert elapsed < 30
     assert no_worker_processes_left()

@@ -1,42 +1,66 @@
-"""The TCP mesh: worker processes connected all-to-all, authenticated, framed.
+"""The TCP mesh: worker processes connected all-to-all, authenticated, every frame sealed.
 
-Source: docs/ARCHITECTURE.md ("Execution model", "Data plane", "Security"); timely's
-``communication/allocator/zero_copy``.  Worker ``i`` connects to every ``j < i`` and accepts
-from every ``j > i``; each connection first passes the HMAC handshake of
-``tokenflow.comm.auth``.  One receiver thread per peer reads frames (length checked before the
-payload is read), decodes them and appends them to the channel's FIFO; the worker thread sends
-its buffered messages on ``flush()`` in one ``sendmsg`` per peer.  The listener keeps running
-for the whole job so that stray connections are refused and logged while the job goes on.
+Source: docs/ARCHITECTURE.md ("Execution model", "Data plane", "Security"), docs/SECURITY.md;
+timely's ``communication/allocator/zero_copy``.  Worker ``i`` connects to every ``j < i`` and
+accepts from every ``j > i``; each connection first passes the handshake of
+``tokenflow.comm.auth``, which gives it two fresh keys, and every later frame is sealed with
+them (AES-256-GCM with a per-direction sequence number, ``tokenflow.comm.frames``).  One
+receiver thread per peer reads frames (length checked before the body is read, tag verified
+before anything is decoded), decodes them and appends them to the channel's FIFO; the worker
+thread seals and sends its buffered messages on ``flush()`` in one ``sendmsg`` per peer.
 
-A peer that closes its connection without a goodbye frame is reported as ``PeerLostError``
-naming that worker: the job fails fast instead of hanging.
+The listener keeps running for the whole job so that stray connections are refused while the
+job goes on, within limits: one deadline for a whole handshake (``handshake_timeout``), at
+most ``max_pending`` connections awaiting authentication (the oldest is closed for a new
+one), an accept loop that backs off and goes on through ``EMFILE`` and other errors, and
+refusals logged rate-limited: the first of each kind in full, then a count per
+``log_interval``.
+
+A peer that closes its connection without a (sealed) goodbye frame is reported as
+``PeerLostError`` naming that worker; a frame that fails its checks as ``FrameRefusedError``
+naming it: the job fails fast instead of hanging or running on tampered data.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import socket
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from typing import Any
 
-from tokenflow.comm.auth import AuthenticationError, accept_handshake, connect_handshake
+from tokenflow.comm.auth import AuthenticationError, Session, accept_handshake, connect_handshake
 from tokenflow.comm.frames import (
     DEFAULT_MAX_FRAME,
+    HEADER_SIZE,
     KIND_ARROW,
     KIND_GOODBYE,
     KIND_PICKLE,
+    MAX_SEALED_PAYLOAD,
+    TAG_SIZE,
     FrameError,
+    _describe,
     decode_message,
-    encode_control,
-    encode_message,
-    read_frame,
+    encode_payload,
 )
 
 log = logging.getLogger("tokenflow.comm.tcp")
 
 Address = tuple[str, int]
+
+HANDSHAKE_TIMEOUT = 10.0
+"""Seconds a connection has for the whole handshake (every read and write together)."""
+
+MAX_PENDING = 64
+"""Connections a listener keeps awaiting authentication; beyond it the oldest is closed."""
+
+LOG_INTERVAL = 10.0
+"""Seconds over which refused connections and accept failures are counted into one line."""
+
+_ACCEPT_POLL = 0.5  # seconds: how often the accept loop looks at its log and at close()
+_LISTENER_GONE = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK}
 
 
 class PeerLostError(ConnectionError):
@@ -49,8 +73,9 @@ class PeerLostError(ConnectionError):
 
 
 class FrameRefusedError(ConnectionError):
-    """A peer sent a frame this worker refused (malformed, oversized, of an unknown kind): a
-    failure in its own right, not the consequence of another worker's."""
+    """A peer sent a frame this worker refused (malformed, oversized, of an unknown kind, or
+    failing its integrity check): a failure in its own right, not the consequence of another
+    worker's."""
 
     def __init__(self, worker: int, address: Address | None, detail: str) -> None:
         where = f" at {address[0]}:{address[1]}" if address else ""
@@ -67,7 +92,7 @@ def bind_listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(64)
+    sock.listen(128)
     return sock
 
 
@@ -80,6 +105,75 @@ def _tune(sock: socket.socket) -> None:
             pass
 
 
+def _close(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:  # pragma: no cover
+        pass
+
+
+class RefusalLog:
+    """Rate-limited log of refused connections for one listener.
+
+    The first refusal of each reason in an interval is logged in full (address and detail);
+    the others are only counted, and ``flush`` logs one line with the counts once the
+    interval is over (or when forced): "worker 0 refused 9,412 connections in the last 10 s:
+    9,000 bad handshake, 412 handshake deadline".  Thread-safe.
+
+    Args:
+        index: the worker's index (in every line).
+        interval: seconds per counting interval.
+    """
+
+    def __init__(self, index: int, interval: float = LOG_INTERVAL) -> None:
+        self.index = index
+        self.interval = interval
+        self._lock = threading.Lock()
+        self._start = time.monotonic()
+        self._counts: Counter[str] = Counter()
+        self._suppressed = 0
+        self.lines = 0
+        """Lines logged so far (tests bound it)."""
+
+    def record(self, address: Any, reason: str, detail: str) -> None:
+        """Count one refused connection from ``address`` for ``reason``."""
+        with self._lock:
+            self._roll(time.monotonic())
+            first = reason not in self._counts
+            self._counts[reason] += 1
+            if first:
+                self.lines += 1
+                where = f"{address[0]}:{address[1]}" if isinstance(address, tuple) else str(address)
+                log.warning("worker %d refused a connection from %s: %s", self.index, where, detail)
+            else:
+                self._suppressed += 1
+
+    def flush(self, force: bool = False) -> None:
+        """Log the counts if the interval is over (or ``force``) and anything went unlogged."""
+        with self._lock:
+            now = time.monotonic()
+            if force:
+                self._emit(now)
+            else:
+                self._roll(now)
+
+    def _roll(self, now: float) -> None:
+        if now - self._start >= self.interval:
+            self._emit(now)
+
+    def _emit(self, now: float) -> None:
+        if self._suppressed:
+            total = sum(self._counts.values())
+            kinds = ", ".join(f"{n:,} {reason}" for reason, n in self._counts.most_common())
+            self.lines += 1
+            log.warning("worker %d refused %s connections in the last %.0f s: %s (the first of "
+                        "each kind logged above)", self.index, f"{total:,}",
+                        max(now - self._start, 1.0), kinds)
+        self._start = now
+        self._counts.clear()
+        self._suppressed = 0
+
+
 class TcpMesh:
     """This worker's connections to every peer.
 
@@ -90,18 +184,26 @@ class TcpMesh:
         secret: the per-job secret.
         job: the job's name (part of the handshake).
         max_frame: largest accepted frame payload in bytes.
+        handshake_timeout: seconds for a whole handshake, accepted or dialled.
+        max_pending: connections awaiting authentication at once (beyond it the oldest is
+            closed), which bounds the threads and file descriptors strangers can take.
+        log_interval: seconds over which refusals and accept failures are counted per line.
     """
 
     def __init__(self, index: int, peers: int, listener: socket.socket, secret: bytes, job: str,
-                 max_frame: int = DEFAULT_MAX_FRAME) -> None:
+                 max_frame: int = DEFAULT_MAX_FRAME, handshake_timeout: float = HANDSHAKE_TIMEOUT,
+                 max_pending: int = MAX_PENDING, log_interval: float = LOG_INTERVAL) -> None:
         self.index = index
         self.peers = peers
         self.listener = listener
         self.secret = secret
         self.job = job
-        self.max_frame = max_frame
+        self.max_frame = min(max_frame, MAX_SEALED_PAYLOAD)
+        self.handshake_timeout = handshake_timeout
+        self.max_pending = max(1, max_pending)
         self.addresses: list[Address] = []
         self.sockets: dict[int, socket.socket] = {}
+        self.sessions: dict[int, Session] = {}
         self.queues: dict[int, deque[Any]] = {}
         self.events: deque[int] = deque()
         self.condition = threading.Condition()
@@ -109,9 +211,19 @@ class TcpMesh:
         self.failure: BaseException | None = None
         self.goodbyes: set[int] = set()
         self.refused = 0
+        """Connections refused so far (failed or abandoned handshakes)."""
+        self.accept_failures = 0
+        """``accept`` calls that failed so far (``EMFILE`` and the like)."""
+        self.refusals = RefusalLog(index, log_interval)
         self.closing = False
+        self._closed = threading.Event()
         self._registered = threading.Condition()
         self._queues_lock = threading.Lock()
+        self._send_locks: dict[int, threading.Lock] = {}
+        self._pending: dict[socket.socket, float] = {}  # accepted, unauthenticated -> since
+        self._evicted: set[socket.socket] = set()
+        self._claimed: set[int] = set()
+        self._pending_changed = threading.Condition()
         self._threads: list[threading.Thread] = []
         self.bytes_sent = 0
         self.bytes_received = 0
@@ -120,6 +232,11 @@ class TcpMesh:
     def address(self) -> Address:
         host, port = self.listener.getsockname()[:2]
         return host, port
+
+    @property
+    def pending(self) -> int:
+        """Connections accepted and still in their handshake."""
+        return len(self._pending)
 
     # -- setup -----------------------------------------------------------------------------
 
@@ -136,7 +253,8 @@ class TcpMesh:
         self._threads.append(accept)
         deadline = time.monotonic() + timeout
         for j in range(self.index):
-            self._register(j, self._dial(j, deadline))
+            sock, session = self._dial(j, deadline)
+            self._register(j, sock, session)
         with self._registered:
             while len(self.sockets) < self.peers - 1:
                 left = deadline - time.monotonic()
@@ -147,18 +265,24 @@ class TcpMesh:
                     )
                 self._registered.wait(min(left, 0.5))
 
-    def _dial(self, j: int, deadline: float) -> socket.socket:
+    def _dial(self, j: int, deadline: float) -> tuple[socket.socket, Session]:
         host, port = self.addresses[j]
         last: BaseException | None = None
         while time.monotonic() < deadline:
+            sock: socket.socket | None = None
             try:
-                sock = socket.create_connection((host, port), timeout=5)
+                left = deadline - time.monotonic()
+                sock = socket.create_connection((host, port), timeout=max(0.01, min(5.0, left)))
                 _tune(sock)
-                connect_handshake(sock, self.secret, self.job, self.index, j)
+                session = connect_handshake(
+                    sock, self.secret, self.job, self.index, j,
+                    deadline=min(deadline, time.monotonic() + self.handshake_timeout))
                 sock.settimeout(None)
-                return sock
+                return sock, session
             except (OSError, EOFError) as exc:
                 last = exc
+                if sock is not None:
+                    _close(sock)
                 if isinstance(exc, AuthenticationError):
                     break
                 time.sleep(0.05)
@@ -166,37 +290,158 @@ class TcpMesh:
                              f"{host}:{port}: {last}")
 
     def _accept_loop(self) -> None:
+        """Accept connections until ``close()``, handing each to a handshake thread.
+
+        Never exits on an error: ``EMFILE`` / ``ENFILE`` (out of file descriptors) and other
+        ``accept`` failures are logged once, counted, and retried with a growing back-off
+        (the oldest pending handshake is closed to free a descriptor); the count is logged
+        when ``accept`` works again, and every ``log_interval`` while it does not.
+        """
+        listener = self.listener
+        try:
+            listener.settimeout(_ACCEPT_POLL)
+        except OSError:  # closed before the loop started
+            return
+        failures = 0
+        first_failure = last_report = 0.0
+        last_error = ""
+        backoff = 0.0
         while not self.closing:
+            self.refusals.flush()
             try:
-                sock, addr = self.listener.accept()
-            except OSError:
+                sock, addr = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError as exc:
+                if self.closing:
+                    return
+                if exc.errno in _LISTENER_GONE:
+                    log.error("worker %d: the listener failed (%s); no more connections are "
+                              "accepted", self.index, _describe(exc))
+                    return
+                now = time.monotonic()
+                failures += 1
+                self.accept_failures += 1
+                last_error = _describe(exc)
+                if failures == 1:
+                    first_failure = last_report = now
+                    log.warning("worker %d: accept failed (%s); backing off and retrying, "
+                                "further failures are counted", self.index, last_error)
+                elif now - last_report >= self.refusals.interval:
+                    last_report = now
+                    log.warning("worker %d: accept failed %d times in %.0f s (last: %s); still "
+                                "retrying", self.index, failures, now - first_failure, last_error)
+                if exc.errno in (errno.EMFILE, errno.ENFILE):
+                    self._evict_oldest()
+                backoff = min(1.0, backoff * 2 if backoff else 0.01)
+                self._closed.wait(backoff)
+                continue
+            if failures:
+                log.warning("worker %d: accept works again after %d failures in %.1f s (last: %s)",
+                            self.index, failures, time.monotonic() - first_failure, last_error)
+                failures = 0
+                backoff = 0.0
+            self._admit_connection(sock, addr)
+
+    def _admit_connection(self, sock: socket.socket, addr: Any) -> None:
+        """Start ``sock``'s handshake, closing the oldest pending one first if there are
+        ``max_pending`` already (and waiting until its thread is gone)."""
+        with self._pending_changed:
+            while len(self._pending) >= self.max_pending and not self.closing:
+                self._evict_oldest_locked()
+                self._pending_changed.wait(0.5)
+            if self.closing:
+                _close(sock)
                 return
+            self._pending[sock] = time.monotonic()
+        try:
             threading.Thread(target=self._accept_one, args=(sock, addr), daemon=True,
                              name=f"tokenflow-handshake-{self.index}").start()
+        except RuntimeError as exc:  # can't start new thread
+            self._refuse(sock, addr, "no thread", f"could not start a handshake thread: {exc}")
+
+    def _evict_oldest(self) -> None:
+        with self._pending_changed:
+            self._evict_oldest_locked()
+
+    def _evict_oldest_locked(self) -> None:
+        for sock in self._pending:  # insertion order: the oldest first
+            if sock not in self._evicted:
+                self._evicted.add(sock)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)  # wakes its handshake thread
+                except OSError:
+                    pass
+                return
+
+    def _claim(self, sock: socket.socket, peer: int) -> None:
+        """``accept_handshake``'s admission check, before the key confirmation is sent: the
+        peer's index is one that dials us and not yet connected, and the connection was not
+        closed for a newer one; from here on it no longer counts as pending."""
+        with self._pending_changed:
+            if sock in self._evicted:
+                raise AuthenticationError("closed while awaiting authentication", "evicted")
+            if not self.index < peer < self.peers:
+                raise AuthenticationError(f"unexpected peer index {peer}", "wrong peer")
+            if peer in self._claimed:
+                raise AuthenticationError(f"worker {peer} is already connected", "wrong peer")
+            self._claimed.add(peer)
+            self._pending.pop(sock, None)
+            self._pending_changed.notify_all()
 
     def _accept_one(self, sock: socket.socket, addr: Any) -> None:
+        since = time.monotonic()
         try:
-            sock.settimeout(10)
-            peer = accept_handshake(sock, self.secret, self.job, self.index)
-            if not self.index < peer < self.peers or peer in self.sockets:
-                raise AuthenticationError(f"unexpected peer index {peer}")
+            session = accept_handshake(sock, self.secret, self.job, self.index,
+                                       deadline=since + self.handshake_timeout,
+                                       admit=lambda peer: self._claim(sock, peer))
             sock.settimeout(None)
             _tune(sock)
-            self._register(peer, sock)
-        except (OSError, EOFError, FrameError, AuthenticationError) as exc:
-            self.refused += 1
-            log.warning("worker %d refused a connection from %s:%s: %s", self.index, addr[0],
-                        addr[1], exc)
-            try:
-                sock.close()
-            except OSError:  # pragma: no cover
-                pass
+            self._register(session.peer, sock, session)
+        except Exception as exc:  # noqa: BLE001 - every failure refuses the connection
+            with self._pending_changed:
+                evicted = sock in self._evicted
+            if self.closing:
+                _close(sock)
+            else:
+                self._refuse(sock, addr, *self._classify(exc, evicted, since))
+        finally:
+            with self._pending_changed:
+                self._pending.pop(sock, None)
+                self._evicted.discard(sock)
+                self._pending_changed.notify_all()
 
-    def _register(self, j: int, sock: socket.socket) -> None:
+    def _classify(self, exc: Exception, evicted: bool, since: float) -> tuple[str, str]:
+        """``(reason, detail)`` of a failed handshake: a short category for the counts and a
+        message that always says what went wrong."""
+        if evicted:
+            return "evicted", (f"closed after {time.monotonic() - since:.1f} s unauthenticated: "
+                               f"more than {self.max_pending} connections awaiting authentication "
+                               "(the oldest is closed first)")
+        if isinstance(exc, TimeoutError):
+            return "handshake deadline", f"no handshake within {self.handshake_timeout:g} s ({exc})"
+        if isinstance(exc, EOFError):
+            return "closed during handshake", str(exc)
+        if isinstance(exc, ConnectionResetError | BrokenPipeError):
+            return "closed during handshake", _describe(exc)
+        if isinstance(exc, AuthenticationError | FrameError):
+            return exc.reason, str(exc)
+        if isinstance(exc, OSError):
+            return "socket error", _describe(exc)
+        return "bad handshake", _describe(exc)
+
+    def _refuse(self, sock: socket.socket, addr: Any, reason: str, detail: str) -> None:
+        self.refused += 1
+        self.refusals.record(addr, reason, detail)
+        _close(sock)
+
+    def _register(self, j: int, sock: socket.socket, session: Session) -> None:
         with self._registered:
             self.sockets[j] = sock
+            self.sessions[j] = session
+            self._send_locks[j] = threading.Lock()
             self._registered.notify_all()
-        thread = threading.Thread(target=self._receive_loop, args=(j, sock), daemon=True,
+        thread = threading.Thread(target=self._receive_loop, args=(j, sock, session), daemon=True,
                                   name=f"tokenflow-recv-{self.index}-from-{j}")
         thread.start()
         self._threads.append(thread)
@@ -219,12 +464,14 @@ class TcpMesh:
             with self.condition:
                 self.condition.notify()
 
-    def _receive_loop(self, j: int, sock: socket.socket) -> None:
+    def _receive_loop(self, j: int, sock: socket.socket, session: Session) -> None:
         max_frame = self.max_frame
+        opener = session.opener
+        overhead = HEADER_SIZE + TAG_SIZE
         try:
             while True:
-                kind, channel, payload = read_frame(sock, max_frame)
-                self.bytes_received += len(payload) + 16
+                kind, channel, payload = opener.read(sock, max_frame)
+                self.bytes_received += payload.nbytes + overhead
                 if kind == KIND_PICKLE or kind == KIND_ARROW:
                     self.queue(channel).append(decode_message(kind, payload))
                     self.events.append(channel)
@@ -238,8 +485,14 @@ class TcpMesh:
             if j not in self.goodbyes and not self.closing:
                 self._fail(PeerLostError(j, self._addr(j), f"connection closed ({exc})"))
         except FrameError as exc:
-            log.error("worker %d: refused a frame from worker %d: %s", self.index, j, exc)
-            self._fail(FrameRefusedError(j, self._addr(j), str(exc)))
+            where = self._addr(j)
+            log.error("worker %d: refused a frame from worker %d%s, closing the connection: %s",
+                      self.index, j, f" at {where[0]}:{where[1]}" if where else "", exc)
+            self._fail(FrameRefusedError(j, where, str(exc)))
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
         except OSError as exc:
             if not self.closing:
                 self._fail(PeerLostError(j, self._addr(j), str(exc)))
@@ -253,12 +506,37 @@ class TcpMesh:
         with self.condition:
             self.condition.notify_all()
 
-    def send(self, j: int, buffers: list[Any]) -> None:
-        """Send framed buffers to peer ``j`` (``sendmsg`` in chunks, resuming partial writes).
+    def send_messages(self, j: int, messages: list[tuple[int, Any]]) -> None:
+        """Serialize, seal and send ``(channel, message)`` pairs to peer ``j``, in order.
+
+        Every message is serialized before any is sealed, so a message that cannot be
+        serialized raises with no sequence number used.
+
+        Raises:
+            PeerLostError: when the connection is gone.
+            FrameError: a message over the largest sealable frame.
+            whatever pickling raises.
+        """
+        payloads = [(channel, encode_payload(message)) for channel, message in messages]
+        for _, payload in payloads:
+            if payload.size > MAX_SEALED_PAYLOAD:
+                raise FrameError(f"a message of {payload.size} bytes exceeds the largest frame "
+                                 f"({MAX_SEALED_PAYLOAD} bytes)", reason="oversized frame")
+        with self._send_locks[j]:
+            sealer = self.sessions[j].sealer
+            self._sendmsg(j, [sealer.seal(channel, payload) for channel, payload in payloads])
+
+    def send_control(self, j: int, kind: int) -> None:
+        """Seal and send an empty control frame (``KIND_GOODBYE``) to peer ``j``.
 
         Raises:
             PeerLostError: when the connection is gone.
         """
+        with self._send_locks[j]:
+            self._sendmsg(j, [self.sessions[j].sealer.seal_control(kind)])
+
+    def _sendmsg(self, j: int, buffers: list[Any]) -> None:
+        """``sendmsg`` in chunks, resuming partial writes (the caller holds the send lock)."""
         sock = self.sockets[j]
         try:
             views = [memoryview(b).cast("B") for b in buffers]
@@ -296,9 +574,9 @@ class TcpMesh:
 
     def shutdown(self, timeout: float = 30.0) -> None:
         """Say goodbye to every peer, wait for theirs, and close all sockets."""
-        for _j, sock in list(self.sockets.items()):
+        for j in list(self.sockets):
             try:
-                sock.sendall(encode_control(KIND_GOODBYE))
+                self.send_control(j, KIND_GOODBYE)
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
@@ -309,17 +587,32 @@ class TcpMesh:
         self.close()
 
     def close(self) -> None:
+        """Close every connection, pending handshake and the listener; log the refusal counts
+        not logged yet."""
+        if self.closing:
+            return
         self.closing = True
+        self._closed.set()
         for sock in list(self.sockets.values()):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
-            sock.close()
+            _close(sock)
+        with self._pending_changed:
+            for sock in list(self._pending):
+                self._evicted.add(sock)
+                try:
+                    sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            self._pending_changed.notify_all()
         try:
-            self.listener.close()
-        except OSError:  # pragma: no cover
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes a blocked accept (Linux)
+        except OSError:
             pass
+        _close(self.listener)
+        self.refusals.flush(force=True)
 
 
 class TcpPusher:
@@ -391,14 +684,11 @@ class TcpAllocator:
         return out
 
     def flush(self) -> None:
-        """Serialize and send every buffered message."""
+        """Serialize, seal and send every buffered message (one ``sendmsg`` per peer)."""
         for j, outbox in enumerate(self.outboxes):
             if outbox:
-                buffers: list[Any] = []
-                for channel, message in outbox:
-                    buffers.extend(encode_message(channel, message))
+                self.mesh.send_messages(j, outbox)
                 outbox.clear()
-                self.mesh.send(j, buffers)
 
     def park(self, timeout: float) -> None:
         self.mesh.park(timeout)
