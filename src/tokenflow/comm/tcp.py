@@ -92,7 +92,7 @@ def bind_listener(host: str = "127.0.0.1", port: int = 0) -> socket.socket:
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
-    sock.listen(128)
+    sock.listen(1024)
     return sock
 
 
@@ -166,9 +166,10 @@ class RefusalLog:
             total = sum(self._counts.values())
             kinds = ", ".join(f"{n:,} {reason}" for reason, n in self._counts.most_common())
             self.lines += 1
-            log.warning("worker %d refused %s connections in the last %.0f s: %s (the first of "
+            elapsed = now - self._start
+            log.warning("worker %d refused %s connections in the last %s s: %s (the first of "
                         "each kind logged above)", self.index, f"{total:,}",
-                        max(now - self._start, 1.0), kinds)
+                        f"{elapsed:.0f}" if elapsed >= 10 else f"{elapsed:.1f}", kinds)
         self._start = now
         self._counts.clear()
         self._suppressed = 0
