@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tokenflow.comm.tcp import Address, TcpAllocator, TcpMesh
-from tokenflow.coordinator import attach
+from tokenflow.coordinator import Reporter, attach
 from tokenflow.dataflow.input import JobStopped
 from tokenflow.worker import Worker
 
@@ -29,13 +29,16 @@ def run_worker(
     max_frame: int | None = None,
     report_to: tuple[str, int, str] | None = None,
     spec: Any = None,
+    reporter: Reporter | None = None,
 ) -> Any:
     """Join the mesh as worker ``index``, run ``fn(worker)`` and step to completion.
 
     ``spec`` (a ``tokenflow.job.JobSpec``) gives the routing table and the snapshot to
     restore; with ``spec.control`` the worker obeys commands from the coordinator at
-    ``report_to``.  Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh raises (``PeerLostError``
-    names a lost peer); the mesh is closed either way.
+    ``report_to``.  ``reporter``: an open ``Reporter`` to use instead of connecting to
+    ``report_to`` (the Spark runtime opens it before the mesh, to send heartbeats while the mesh
+    forms; its owner closes it).  Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh
+    raises (``PeerLostError`` names a lost peer); the mesh is closed either way.
     """
     kwargs = {} if max_frame is None else {"max_frame": max_frame}
     mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
@@ -47,7 +50,11 @@ def run_worker(
             configure(worker)
         if spec is not None:
             spec.apply(worker)
-        reporter = attach(worker, report_to)
+        own = reporter is None
+        if reporter is None:
+            reporter = attach(worker, report_to)
+        else:
+            worker.on_step.append(reporter)
         if reporter is not None and spec is not None and spec.control:
             from tokenflow.control import ControlAgent
 
@@ -58,7 +65,10 @@ def run_worker(
             result = None
         worker.step_until_done()
         if reporter is not None:
-            reporter.close(worker)
+            if own:
+                reporter.close(worker)
+            else:
+                reporter(worker, force=True)
         allocator.shutdown()
         return result
     finally:

@@ -1,33 +1,53 @@
 """The driver's coordinator: workers report progress to it, and it sends them commands.
 
 Source: docs/ARCHITECTURE.md ("Execution model": the driver runs a coordinator to which
-workers report frontiers and metrics, and through which checkpoint and rescale commands flow).
-The endpoint faces the network, so it never unpickles: frames are a 4-byte big-endian length
-and a msgpack map of at most ``MAX_REPORT`` bytes, and a connection must present the job's
-token in its first frame.  The connection is two-way: after the hello the worker sends reports
-and control replies, the coordinator sends commands (``tokenflow.control``).
+workers report frontiers and metrics, and through which checkpoint and rescale commands flow;
+"Security": the coordinator faces the network and never unpickles).  Frames are a 4-byte
+big-endian length and a msgpack map of at most ``MAX_REPORT`` bytes, and a connection must
+present the job's token in its first frame (the *hello*, at most ``MAX_HELLO`` bytes, within
+``HELLO_TIMEOUT`` seconds of the connection for the whole frame).  The connection is two-way:
+after the hello the worker sends reports, heartbeats and control replies, the coordinator sends
+commands (``tokenflow.control``).
 
-Report shape (msgpack map)::
+Report shape (msgpack map; every field is checked, a report that fails is refused and logged)::
 
-    {"worker": int, "steps": int, "elapsed": float (s since the worker started),
-     "records_in": int, "frontiers": {dataflow: {operator: [time as str, ...]}}, "done": bool}
+    {"worker": int >= 0, "steps": int >= 0, "elapsed": float >= 0 (s since the worker started),
+     "records_in": int >= 0, "frontiers": {dataflow: {operator: [time as str, ...]}},
+     "done": bool}
+
+Heartbeat (``Reporter.start_heartbeat``: about one a second from a thread of the worker, whether
+or not it steps; the driver declares a worker stalled when they stop, see ``Liveness``)::
+
+    {"kind": "heartbeat", "worker": int, "job": str, "done": bool}
 
 Control messages in either direction are maps with a ``"kind"`` string (a command such as
 ``{"kind": "pause_at", "epoch": 40}``, or a reply such as ``{"kind": "idle", "worker": 1,
 ...}``); replies are queued in ``Coordinator.inbox`` rather than taken as reports.
+
+Hardening (the endpoint is reachable by anyone on the network): one thread serves the listening
+socket and every connection that has not yet sent its hello (at most ``MAX_PENDING`` at once:
+the oldest is dropped for a new one), so slow or silent connections cost neither threads nor
+more than ``MAX_PENDING`` descriptors; only authenticated connections get a thread.  Running
+out of descriptors (``EMFILE``) pauses accepting with a back-off instead of ending the thread.
+Refusals are logged at most once per ``LOG_INTERVAL`` seconds, with a count.
 """
 
 from __future__ import annotations
 
+import errno
 import hmac
 import logging
+import math
 import queue
 import secrets
 import select
+import selectors
 import socket
 import struct
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -35,7 +55,56 @@ import msgpack
 log = logging.getLogger("tokenflow.coordinator")
 
 MAX_REPORT = 64 * 1024
+"""Largest frame payload (bytes) after the hello."""
+MAX_HELLO = 4096
+"""Largest hello payload (bytes)."""
+HELLO_TIMEOUT = 10.0
+"""Seconds a new connection has to deliver its whole hello."""
+MAX_PENDING = 128
+"""Connections without a hello kept at once (the oldest is dropped for a new one)."""
+ACCEPT_BATCH = 16
+"""Connections accepted per round of the serving loop before reading hellos again."""
+LOG_INTERVAL = 5.0
+"""Seconds between two log lines about refusals (or ``EMFILE``); the rest are counted."""
+MAX_WORKER = 1 << 20
+"""Worker indices are below this."""
+HEARTBEAT_INTERVAL = 1.0
+"""Seconds between two heartbeats of a worker."""
+DEFAULT_HEARTBEAT_TIMEOUT = 10.0
+"""Seconds without a heartbeat after which the driver declares a worker stalled."""
 _LEN = struct.Struct("!I")
+_RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+
+
+class FrameError(ValueError):
+    """A malformed frame: too long, not msgpack, or not a map (the message says which)."""
+
+
+class ReportError(ValueError):
+    """A well-formed frame whose fields are wrong (the message names the field)."""
+
+
+def _decode(data: bytes, what: str) -> dict[str, Any]:
+    """The msgpack map in ``data``.
+
+    Raises:
+        FrameError: ``data`` is not one msgpack map with string keys.
+    """
+    try:
+        obj = msgpack.unpackb(data, raw=False, strict_map_key=True)
+    except Exception as exc:  # noqa: BLE001 - msgpack raises many types for bad input
+        raise FrameError(f"{what} of {len(data)} bytes is not valid msgpack: "
+                         f"{type(exc).__name__}: {exc}") from None
+    if not isinstance(obj, dict):
+        raise FrameError(f"{what} is a msgpack {type(obj).__name__}, not a map")
+    return obj
+
+
+def _frame_length(header: bytes, limit: int, what: str) -> int:
+    (n,) = _LEN.unpack(header)
+    if n > limit:
+        raise FrameError(f"{what} of {n} bytes exceeds the limit of {limit}")
+    return int(n)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
@@ -48,14 +117,14 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _read(sock: socket.socket) -> dict[str, Any]:
-    (n,) = _LEN.unpack(_recv_exactly(sock, 4))
-    if n > MAX_REPORT:
-        raise ValueError(f"report of {n} bytes exceeds {MAX_REPORT}")
-    obj = msgpack.unpackb(_recv_exactly(sock, n), raw=False)
-    if not isinstance(obj, dict):
-        raise ValueError("report is not a map")
-    return obj
+def _read(sock: socket.socket, limit: int = MAX_REPORT) -> dict[str, Any]:
+    """One frame from a blocking socket.
+
+    Raises:
+        EOFError: the connection closed; FrameError: a malformed frame; OSError.
+    """
+    n = _frame_length(_recv_exactly(sock, 4), limit, "frame")
+    return _decode(_recv_exactly(sock, n), "frame")
 
 
 def _write(sock: socket.socket, obj: dict[str, Any]) -> None:
@@ -63,59 +132,400 @@ def _write(sock: socket.socket, obj: dict[str, Any]) -> None:
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-class Coordinator:
-    """Receives worker reports on ``address``; ``snapshot()`` returns the latest per worker."""
+class _Stream:
+    """Frames from a blocking socket, starting with bytes already read (after the hello)."""
 
-    def __init__(self, host: str = "127.0.0.1", token: str | None = None) -> None:
+    def __init__(self, sock: socket.socket, buffer: bytes = b"") -> None:
+        self.sock = sock
+        self.buffer = buffer
+
+    def _take(self, n: int) -> bytes:
+        while len(self.buffer) < n:
+            chunk = self.sock.recv(max(65536, n - len(self.buffer)))
+            if not chunk:
+                raise EOFError("connection closed")
+            self.buffer += chunk
+        out, self.buffer = self.buffer[:n], self.buffer[n:]
+        return out
+
+    def read(self) -> dict[str, Any]:
+        n = _frame_length(self._take(4), MAX_REPORT, "frame")
+        return _decode(self._take(n), "frame")
+
+
+# -- validation ------------------------------------------------------------------------------
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _count(msg: dict[str, Any], name: str) -> int:
+    value = msg.get(name)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise ReportError(f"{name!r} must be an integer >= 0, got {_show(value)}")
+    return value
+
+
+def _show(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _worker_index(msg: dict[str, Any]) -> int:
+    worker = msg.get("worker")
+    if not isinstance(worker, int) or isinstance(worker, bool) or not 0 <= worker < MAX_WORKER:
+        raise ReportError(f"'worker' must be an integer in [0, {MAX_WORKER}), got {_show(worker)}")
+    return worker
+
+
+def validate_report(msg: dict[str, Any]) -> dict[str, Any]:
+    """The report in ``msg`` with exactly the fields of the module docstring's shape.
+
+    Raises:
+        ReportError: naming the first field that is missing, of the wrong type or out of range.
+    """
+    report: dict[str, Any] = {"worker": _worker_index(msg)}
+    for name in ("steps", "records_in"):
+        report[name] = _count(msg, name)
+    elapsed = msg.get("elapsed")
+    if not isinstance(elapsed, int | float) or isinstance(elapsed, bool) or \
+            not math.isfinite(elapsed) or elapsed < 0:
+        raise ReportError(f"'elapsed' must be a finite number >= 0, got {_show(elapsed)}")
+    report["elapsed"] = float(elapsed)
+    done = msg.get("done")
+    if not isinstance(done, bool):
+        raise ReportError(f"'done' must be a boolean, got {_show(done)}")
+    report["done"] = done
+    frontiers = msg.get("frontiers")
+    if not isinstance(frontiers, dict):
+        raise ReportError(f"'frontiers' must be a map, got {_show(frontiers)}")
+    for dataflow, ops in frontiers.items():
+        if not isinstance(ops, dict):
+            raise ReportError(f"'frontiers'[{_show(dataflow)}] must be a map, got {_show(ops)}")
+        for op, times in ops.items():
+            if not isinstance(times, list) or not all(isinstance(t, str) for t in times):
+                raise ReportError(f"'frontiers'[{_show(dataflow)}][{_show(op)}] must be a list of "
+                                  f"strings, got {_show(times)}")
+    report["frontiers"] = frontiers
+    return report
+
+
+_REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
+    "held": {"point": lambda v: v is None or _is_int(v), "granularity": lambda v: _is_int(v) and v >= 1},
+    "idle": {"sent": lambda v: _is_int(v) and v >= 0, "received": lambda v: _is_int(v) and v >= 0},
+    "written": {"index_path": lambda v: isinstance(v, str), "crc32": lambda v: _is_int(v) and v >= 0,
+                "bytes_written": lambda v: _is_int(v) and v >= 0},
+}
+"""Fields the control plane (``tokenflow.control``) reads from each kind of reply."""
+
+
+def validate_reply(msg: dict[str, Any]) -> None:
+    """Check a control reply's ``worker`` and the fields ``tokenflow.control`` reads.
+
+    Raises:
+        ReportError: naming the offending field.
+    """
+    _worker_index(msg)
+    for name, ok in _REPLY_FIELDS.get(msg["kind"], {}).items():
+        if not ok(msg.get(name)):
+            raise ReportError(f"{msg['kind']!r} reply: bad {name!r}: {_show(msg.get(name))}")
+
+
+# -- logging ---------------------------------------------------------------------------------
+
+
+class _Throttled:
+    """Log lines about one kind of event at most once per ``interval`` seconds, counting the
+    ones in between (reported with the next line, or by ``flush``)."""
+
+    def __init__(self, what: str, interval: float = LOG_INTERVAL) -> None:
+        self.what = what
+        self.interval = interval
+        self.total = 0
+        self._held = 0
+        self._last = -math.inf
+        self._latest = ""
+        self._lock = threading.Lock()
+
+    def note(self, detail: str) -> None:
+        with self._lock:
+            self.total += 1
+            self._latest = detail
+            if time.monotonic() - self._last < self.interval:
+                self._held += 1
+                return
+            self._emit()
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._held and time.monotonic() - self._last >= self.interval:
+                self._emit()
+
+    def _emit(self) -> None:
+        more = f" (and {self._held} more in the last {self.interval:.0f} s; {self.total} in all)" \
+            if self._held else ""
+        log.warning("coordinator %s %s%s", self.what, self._latest, more)
+        self._held = 0
+        self._last = time.monotonic()
+
+
+# -- the coordinator -------------------------------------------------------------------------
+
+
+class _Pending:
+    __slots__ = ("sock", "addr", "deadline", "buffer")
+
+    def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
+        self.sock = sock
+        self.addr = addr
+        self.deadline = deadline
+        self.buffer = b""
+
+
+def _where(addr: Any) -> str:
+    try:
+        return f"{addr[0]}:{addr[1]}"
+    except (TypeError, IndexError):
+        return str(addr)
+
+
+_LIVE: weakref.WeakValueDictionary[tuple[int, str], Coordinator] = weakref.WeakValueDictionary()
+
+
+class Coordinator:
+    """Receives worker reports on ``address``; ``snapshot()`` returns the latest per worker.
+
+    Attributes:
+        reports: the latest report per worker (see the module docstring; plus ``received``,
+            the ``time.time()`` it arrived).
+        inbox: control replies, in arrival order.
+        refused: connections and messages refused so far (bad hello, malformed frame or
+            report, too many pending connections).
+    """
+
+    def __init__(self, host: str = "127.0.0.1", token: str | None = None,
+                 max_pending: int = MAX_PENDING, hello_timeout: float = HELLO_TIMEOUT) -> None:
         self.token = token or secrets.token_hex(16)
-        self._sock = socket.create_server((host, 0))
+        self._sock = socket.create_server((host, 0), backlog=1024)
+        self._sock.setblocking(False)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
         self.reports: dict[int, dict[str, Any]] = {}
         self.inbox: queue.Queue[dict[str, Any]] = queue.Queue()
         """Control replies from workers (maps with a ``"kind"``), in arrival order."""
-        self.refused = 0
+        self.max_pending = max_pending
+        self.hello_timeout = hello_timeout
+        self._refusals = _Throttled("refused")
+        self._exhausted = _Throttled("cannot accept connections:")
         self._links: dict[int, socket.socket] = {}
+        self._beats: dict[str, dict[int, tuple[float, bool]]] = {}
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._serve, daemon=True, name="tokenflow-coordinator").start()
+        self._thread = threading.Thread(target=self._serve, daemon=True, name="tokenflow-coordinator")
+        self._thread.start()
+        _LIVE[(self.address[1], self.token)] = self
+
+    @property
+    def refused(self) -> int:
+        """Connections and messages refused so far."""
+        return self._refusals.total
+
+    @classmethod
+    def find(cls, endpoint: tuple[str, int, str]) -> Coordinator | None:
+        """The open coordinator of this process serving ``endpoint`` (matched by port and
+        token: the host workers use may differ from the one it binds), or None."""
+        found = _LIVE.get((endpoint[1], endpoint[2]))
+        return None if found is None or found._closed else found
+
+    def _refuse(self, addr: Any, reason: str) -> None:
+        self._refusals.note(f"{_where(addr)}: {reason}")
+
+    # -- serving -------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        while not self._closed:
+        """Accept connections and read their hellos (one thread for all of them); hand each
+        authenticated connection to a thread of its own."""
+        sel = selectors.DefaultSelector()
+        pending: dict[socket.socket, _Pending] = {}  # in arrival order
+        listening = True
+        resume_at = 0.0
+        backoff = 0.05
+        try:
+            sel.register(self._sock, selectors.EVENT_READ, None)
+            while not self._closed:
+                now = time.monotonic()
+                if not listening and now >= resume_at:
+                    sel.register(self._sock, selectors.EVENT_READ, None)
+                    listening = True
+                wake = min((p.deadline for p in pending.values()), default=now + 0.5)
+                if not listening:
+                    wake = min(wake, resume_at)
+                try:
+                    events = sel.select(max(0.0, min(0.5, wake - now)))
+                except OSError:
+                    if self._closed:
+                        return
+                    raise
+                for key, _ in events:
+                    if key.data is None:
+                        paused = self._accept(sel, pending)
+                        if paused:
+                            sel.unregister(self._sock)
+                            listening = False
+                            resume_at = time.monotonic() + backoff
+                            backoff = min(1.0, backoff * 2)
+                        else:
+                            backoff = 0.05
+                    else:
+                        self._read_hello(sel, pending, key.data)
+                now = time.monotonic()
+                for p in [p for p in pending.values() if p.deadline <= now]:
+                    self._drop(sel, pending, p, f"no complete hello within {self.hello_timeout:g} s")
+                self._refusals.flush()
+                self._exhausted.flush()
+        except Exception:  # pragma: no cover - a bug here must not pass silently
+            if not self._closed:
+                log.exception("coordinator: the accepting thread failed")
+        finally:
+            for p in list(pending.values()):
+                p.sock.close()
+            sel.close()
+
+    def _accept(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]) -> bool:
+        """Accept up to ``ACCEPT_BATCH`` connections; True when out of descriptors (the
+        caller pauses accepting for a while)."""
+        for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self._sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._handle, args=(conn, addr), daemon=True).start()
+            except BlockingIOError:
+                return False
+            except OSError as exc:
+                if self._closed:
+                    return False
+                if exc.errno in _RESOURCE_ERRNOS:
+                    self._exhausted.note(f"{errno.errorcode.get(exc.errno or 0, exc.errno)} "
+                                         f"({exc.strerror}); {len(pending)} connections await a "
+                                         f"hello, dropping the oldest and backing off")
+                    if pending:
+                        oldest = next(iter(pending.values()))
+                        self._drop(sel, pending, oldest, "dropped to free a descriptor")
+                    return True
+                continue  # ECONNABORTED and the like: that connection is gone, go on
+            if len(pending) >= self.max_pending:
+                oldest = next(iter(pending.values()))
+                self._drop(sel, pending, oldest,
+                           f"{self.max_pending} connections were awaiting a hello")
+            conn.setblocking(False)
+            entry = _Pending(conn, addr, time.monotonic() + self.hello_timeout)
+            pending[conn] = entry
+            sel.register(conn, selectors.EVENT_READ, entry)
+        return False
 
-    def _handle(self, conn: socket.socket, addr: Any) -> None:
+    def _drop(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending],
+              entry: _Pending, reason: str | None) -> None:
+        pending.pop(entry.sock, None)
         try:
-            conn.settimeout(10)
-            hello = _read(conn)
-            token = hello.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
-                raise PermissionError("bad token")
-            conn.settimeout(None)
-            while True:
-                report = _read(conn)
-                worker = report.get("worker")
-                if not isinstance(worker, int) or isinstance(worker, bool) or worker < 0:
-                    raise ValueError("report without a worker index")
-                with self._lock:
-                    self._links[worker] = conn
-                if isinstance(report.get("kind"), str):
-                    self.inbox.put(report)
-                    continue
-                report["received"] = time.time()
-                with self._lock:
-                    self.reports[worker] = report
-        except EOFError:
+            sel.unregister(entry.sock)
+        except (KeyError, ValueError):  # pragma: no cover
             pass
-        except Exception as exc:  # noqa: BLE001 - a bad client is refused, the job goes on
-            self.refused += 1
-            log.warning("coordinator refused %s:%s: %s", addr[0], addr[1], exc)
+        if reason is not None:
+            entry.sock.close()
+            self._refuse(entry.addr, reason)
+
+    def _read_hello(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending],
+                    entry: _Pending) -> None:
+        try:
+            chunk = entry.sock.recv(65536)
+        except BlockingIOError:
+            return
+        except OSError as exc:
+            self._drop(sel, pending, entry, f"before its hello: {exc}")
+            return
+        if not chunk:
+            self._drop(sel, pending, entry, "closed before its hello")
+            return
+        entry.buffer += chunk
+        if len(entry.buffer) < 4:
+            return
+        try:
+            n = _frame_length(entry.buffer[:4], MAX_HELLO, "hello")
+            if len(entry.buffer) < 4 + n:
+                return
+            hello = _decode(entry.buffer[4:4 + n], "hello")
+            token = hello.get("token")
+            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
+                raise PermissionError("bad token")
+        except (FrameError, PermissionError) as exc:
+            self._drop(sel, pending, entry, str(exc))
+            return
+        self._drop(sel, pending, entry, None)
+        rest = entry.buffer[4 + n:]
+        try:
+            entry.sock.setblocking(True)
+        except OSError:  # pragma: no cover - closed under us
+            entry.sock.close()
+            return
+        threading.Thread(target=self._link, args=(entry.sock, entry.addr, rest), daemon=True,
+                         name="tokenflow-coordinator-link").start()
+
+    def _link(self, conn: socket.socket, addr: Any, rest: bytes) -> None:
+        """Serve one authenticated connection until it closes or sends a malformed frame; a
+        frame with bad fields is refused (logged) and the connection goes on."""
+        stream = _Stream(conn, rest)
+        try:
+            while not self._closed:
+                try:
+                    message = stream.read()
+                except (EOFError, OSError):
+                    return
+                except FrameError as exc:
+                    self._refuse(addr, f"closing the connection: {exc}")
+                    return
+                try:
+                    self._take(message, conn)
+                except ReportError as exc:
+                    self._refuse(addr, f"refused a message: {exc}")
+        except Exception as exc:  # noqa: BLE001 - never let a client end the job
+            self._refuse(addr, f"closing the connection after an internal error: "
+                               f"{type(exc).__name__}: {exc}")
         finally:
+            with self._lock:
+                for w in [w for w, c in self._links.items() if c is conn]:
+                    del self._links[w]
             conn.close()
+
+    def _take(self, message: dict[str, Any], conn: socket.socket) -> None:
+        """File one message from an authenticated connection.
+
+        Raises:
+            ReportError: a field is missing or bad.
+        """
+        kind = message.get("kind")
+        if kind is not None:
+            if not isinstance(kind, str):
+                raise ReportError(f"'kind' must be a string, got {_show(kind)}")
+            if kind == "heartbeat":
+                worker = _worker_index(message)
+                job, done = message.get("job", ""), message.get("done", False)
+                if not isinstance(job, str) or len(job) > 256 or not isinstance(done, bool):
+                    raise ReportError("heartbeat: 'job' must be a string and 'done' a boolean")
+                with self._lock:
+                    beats = self._beats.setdefault(job, {})
+                    beats[worker] = (time.monotonic(), done or beats.get(worker, (0.0, False))[1])
+                return
+            validate_reply(message)
+            with self._lock:
+                self._links[message["worker"]] = conn
+            self.inbox.put(message)
+            return
+        report = validate_report(message)
+        report["received"] = time.time()
+        with self._lock:
+            self._links[report["worker"]] = conn
+            self.reports[report["worker"]] = report
+
+    # -- API -------------------------------------------------------------------------------
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send a command (a map with a ``"kind"``) to ``worker``.
@@ -138,6 +548,17 @@ class Coordinator:
         with self._lock:
             return {k: dict(v) for k, v in self.reports.items()}
 
+    def heartbeats(self, job: str) -> dict[int, tuple[float, bool]]:
+        """Per worker of ``job``: ``(time.monotonic() of its last heartbeat, whether it said it
+        was done)``."""
+        with self._lock:
+            return dict(self._beats.get(job, {}))
+
+    def forget(self, job: str) -> None:
+        """Drop ``job``'s heartbeats (after it ended)."""
+        with self._lock:
+            self._beats.pop(job, None)
+
     def reset(self) -> None:
         """Forget all reports (before the next job on the same coordinator)."""
         with self._lock:
@@ -145,6 +566,7 @@ class Coordinator:
 
     def close(self) -> None:
         self._closed = True
+        _LIVE.pop((self.address[1], self.token), None)
         self._sock.close()
 
     @property
@@ -153,8 +575,50 @@ class Coordinator:
         return self.address[0], self.address[1], self.token
 
 
+class Liveness:
+    """Which worker of a job stopped sending heartbeats.
+
+    A worker is *stalled* when its last heartbeat is more than ``timeout`` seconds old, or,
+    never heard from, when another worker was first heard from more than ``startup_grace``
+    seconds ago (all workers of a job start together; default ``max(60, 6 * timeout)``).
+    Workers that finished (``finish``) are not watched.  Times are ``time.monotonic()`` s.
+    """
+
+    def __init__(self, workers: int, timeout: float, startup_grace: float | None = None) -> None:
+        self.timeout = timeout
+        self.startup_grace = max(60.0, 6 * timeout) if startup_grace is None else startup_grace
+        self.last: list[float | None] = [None] * workers
+        self.finished: set[int] = set()
+        self.first: float | None = None
+
+    def beat(self, worker: int, at: float | None = None) -> None:
+        at = time.monotonic() if at is None else at
+        if self.first is None:
+            self.first = at
+        last = self.last[worker]
+        self.last[worker] = at if last is None else max(last, at)
+
+    def finish(self, worker: int) -> None:
+        self.finished.add(worker)
+
+    def stalled(self, now: float | None = None) -> tuple[int, str] | None:
+        """The first stalled worker and why (``"stalled: no heartbeat for 10.2 s"``), or None."""
+        now = time.monotonic() if now is None else now
+        for worker, last in enumerate(self.last):
+            if worker in self.finished:
+                continue
+            if last is not None and now - last > self.timeout:
+                return worker, f"stalled: no heartbeat for {now - last:.1f} s"
+            if last is None and self.first is not None and now - self.first > self.startup_grace:
+                return worker, (f"stalled: no heartbeat {now - self.first:.1f} s after the first "
+                                f"worker's")
+        return None
+
+
 class Reporter:
-    """A worker-side ``on_step`` hook sending a report at most every ``interval`` seconds."""
+    """A worker-side ``on_step`` hook sending a report at most every ``interval`` seconds; it
+    also sends control replies (``send``), receives commands (``poll``) and, once
+    ``start_heartbeat`` is called, heartbeats from a thread of its own."""
 
     def __init__(self, endpoint: tuple[str, int, str], interval: float = 0.25) -> None:
         host, port, token = endpoint
@@ -162,6 +626,10 @@ class Reporter:
         self.start = time.monotonic()
         self.last = 0.0
         self.sock: socket.socket | None = None
+        self._lock = threading.Lock()  # one writer at a time: the worker and its heartbeat
+        self._beating: threading.Event | None = None
+        self._beat_thread: threading.Thread | None = None
+        self._final = b""
         try:
             self.sock = socket.create_connection((host, port), timeout=5)
             _write(self.sock, {"token": token})
@@ -169,15 +637,27 @@ class Reporter:
             log.warning("cannot reach the coordinator at %s:%s: %s", host, port, exc)
             self.sock = None
 
+    def _send(self, data: bytes) -> bool:
+        """Send framed bytes; False (and no connection from now on) when that fails."""
+        with self._lock:
+            if self.sock is None:
+                return False
+            try:
+                self.sock.sendall(data)
+                return True
+            except OSError:
+                self.sock = None
+                return False
+
     def send(self, message: dict[str, Any]) -> None:
         """Send a control reply now (``message`` has a ``"kind"`` and the worker index).
 
         Raises:
             ConnectionError: the coordinator cannot be reached.
         """
-        if self.sock is None:
+        data = msgpack.packb(message)
+        if not self._send(_LEN.pack(len(data)) + data):
             raise ConnectionError("no connection to the coordinator")
-        _write(self.sock, message)
 
     def poll(self, timeout: float | None = 0.0) -> dict[str, Any] | None:
         """The next command from the coordinator, or None if none came within ``timeout``
@@ -186,15 +666,42 @@ class Reporter:
         Raises:
             ConnectionError: the coordinator closed the connection or sent a malformed frame.
         """
-        if self.sock is None:
+        sock = self.sock
+        if sock is None:
             raise ConnectionError("no connection to the coordinator")
-        ready, _, _ = select.select([self.sock], [], [], timeout)
+        ready, _, _ = select.select([sock], [], [], timeout)
         if not ready:
             return None
         try:
-            return _read(self.sock)
-        except (EOFError, ValueError, OSError, msgpack.UnpackException) as exc:
+            return _read(sock)
+        except (EOFError, ValueError, OSError) as exc:
             raise ConnectionError(f"coordinator connection failed: {exc}") from exc
+
+    def start_heartbeat(self, worker: int, job: str, interval: float = HEARTBEAT_INTERVAL) -> None:
+        """Send ``{"kind": "heartbeat", "worker", "job"}`` every ``interval`` s from a daemon
+        thread until ``stop_heartbeat`` (or the connection fails)."""
+        if self._beat_thread is not None or self.sock is None:
+            return
+        stop = self._beating = threading.Event()
+        beat = msgpack.packb({"kind": "heartbeat", "worker": worker, "job": job, "done": False})
+        frame = _LEN.pack(len(beat)) + beat
+
+        def run() -> None:
+            while self._send(frame) and not stop.wait(interval):
+                pass
+
+        self._final = msgpack.packb({"kind": "heartbeat", "worker": worker, "job": job, "done": True})
+        self._beat_thread = threading.Thread(target=run, daemon=True, name="tokenflow-heartbeat")
+        self._beat_thread.start()
+
+    def stop_heartbeat(self) -> None:
+        """Stop the heartbeats and send a last one saying the worker is done."""
+        if self._beating is None or self._beat_thread is None:
+            return
+        self._beating.set()
+        self._beat_thread.join(timeout=5)
+        self._send(_LEN.pack(len(self._final)) + self._final)
+        self._beating = None
 
     def __call__(self, worker: Any, force: bool = False) -> None:
         now = time.monotonic()
@@ -206,19 +713,21 @@ class Reporter:
         report = {"worker": worker.index, "steps": worker.steps, "elapsed": now - self.start,
                   "records_in": int(worker.metrics.get("records_in", 0)),
                   "frontiers": frontiers, "done": worker.dataflows_running == 0}
-        try:
+        data = msgpack.packb(report)
+        if len(data) > MAX_REPORT:  # too many operators: keep the totals
+            report["frontiers"] = {}
             data = msgpack.packb(report)
-            if len(data) > MAX_REPORT:  # too many operators: keep the totals
-                report["frontiers"] = {}
-                data = msgpack.packb(report)
-            self.sock.sendall(_LEN.pack(len(data)) + data)
-        except OSError:
-            self.sock = None
+        self._send(_LEN.pack(len(data)) + data)
 
-    def close(self, worker: Any) -> None:
-        self(worker, force=True)
-        if self.sock is not None:
-            self.sock.close()
+    def close(self, worker: Any = None) -> None:
+        """Send a last report (when ``worker`` is given), stop the heartbeats and close."""
+        if worker is not None:
+            self(worker, force=True)
+        self.stop_heartbeat()
+        with self._lock:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
 
 
 def attach(worker: Any, endpoint: tuple[str, int, str] | None) -> Reporter | None:

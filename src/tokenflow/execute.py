@@ -7,7 +7,9 @@ dataflows complete.  Returns the per-worker results in worker order.
 
 from __future__ import annotations
 
+import os
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,14 +25,77 @@ from tokenflow.worker import Worker
 R = TypeVar("R")
 
 RUNTIMES = ("thread", "process", "spark")
+STOP_WAIT = 1.0
+"""Seconds the thread runtime waits for its workers to stop after a timeout."""
 
 
 class WorkerError(RuntimeError):
-    """A worker raised; ``worker`` is its index and ``__cause__`` the original error."""
+    """A worker raised, died or stalled; ``worker`` is its index (-1: the job as a whole) and
+    ``__cause__`` the original error."""
 
     def __init__(self, worker: int, error: BaseException, message: str | None = None) -> None:
         super().__init__(message or f"worker {worker} failed: {type(error).__name__}: {error}")
         self.worker = worker
+
+
+class JobTimeoutError(WorkerError, TimeoutError):
+    """The job ran longer than ``execute(..., timeout=S)``; its workers were stopped.  Both a
+    ``WorkerError`` (``worker`` -1) and a ``TimeoutError``."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(-1, TimeoutError(message), message)
+
+
+class ContentionWarning(UserWarning):
+    """More workers than cores (or task slots): the job runs, slowly."""
+
+
+def available_cores() -> int:
+    """CPUs this process may run on (``sched_getaffinity`` where there is one, else
+    ``os.cpu_count()``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def contention(workers: int, cores: int | None, what: str = "cores") -> str | None:
+    """``"100 workers on 2 cores: expect contention"`` when ``workers > cores``, else None."""
+    if cores is None or workers <= cores:
+        return None
+    return f"{workers} workers on {cores} {what}: expect contention"
+
+
+def local_slots(master: str) -> int | None:
+    """Task slots of a ``local``, ``local[n]``, ``local[*]`` or ``local[n, retries]`` Spark
+    master; None for other masters."""
+    if master == "local":
+        return 1
+    if not master.startswith("local[") or not master.endswith("]"):
+        return None
+    inner = master[len("local["):-1].split(",")[0].strip()
+    if inner == "*":
+        return available_cores()
+    return int(inner) if inner.isdigit() else None
+
+
+def capacity_warning(workers: int, runtime: str, master: str | None = None) -> str | None:
+    """The warning a job of ``workers`` workers gets on ``runtime``, or None: ``"100 workers
+    on 2 cores: expect contention"`` (``ContentionWarning``) when they exceed the cores this
+    process may use (``process``; ``spark`` on a ``local`` master), or, on ``local[n]`` with
+    ``n < workers``, that the barrier stage cannot run (the Spark runtime raises
+    ``ValueError`` then).  ``master`` defaults to ``local[W]``; other masters are checked by
+    the Spark runtime against the cluster's default parallelism."""
+    if runtime == "thread":
+        return None
+    if runtime == "spark":
+        master = master or f"local[{workers}]"
+        slots = local_slots(master)
+        if slots is None:
+            return None
+        if workers > slots:
+            return f"{workers} workers need {workers} task slots; {master} has {slots}"
+    return contention(workers, available_cores())
 
 
 def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread",
@@ -44,6 +109,12 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     (see ``tokenflow.inputs``; read them with ``tokenflow.spark.from_dataframe``) and
     ``report_to=Coordinator(...).endpoint`` (workers report progress to the driver).
 
+    Liveness options (every runtime): ``timeout=S`` (seconds; the job fails with
+    ``JobTimeoutError`` and its workers stop), ``heartbeat_timeout=S`` (default 10; ``process``
+    and ``spark``: a worker that sends no heartbeat for that long, e.g. a SIGSTOPped one, fails
+    the job as stalled and the others are ended; None: never; the ``thread`` runtime, whose
+    workers cannot stop alone, ignores it).  See docs/ARCHITECTURE.md ("Execution model").
+
     State options (every runtime): ``bins=`` (bins of the routing table, default 4,096),
     ``restore=DIR`` (start from the latest committed snapshot under ``DIR``, or ``epoch=``'s,
     at this worker count: ``tokenflow.job``), ``name=`` (the job's name; default the
@@ -51,7 +122,9 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
 
     Raises:
         ValueError: for an unknown runtime or fewer than one worker.
-        WorkerError: when a worker raises (the first failure; the others stop).
+        WorkerError: when a worker raises, dies or stalls (the first failure; the others
+            stop).
+        JobTimeoutError: the job outlived ``timeout``.
     """
     if runtime not in RUNTIMES:
         raise ValueError(f"unknown runtime {runtime!r}; available: {', '.join(RUNTIMES)}")
@@ -73,9 +146,12 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     inputs = partition_inputs(options.pop("inputs", None), workers, options.pop("sort_by", None))
     report_to = options.pop("report_to", None)
     hub = options.pop("control_hub", None)
+    timeout = options.pop("timeout", None)
+    options.pop("heartbeat_timeout", None)  # threads cannot stall one by one
     options.pop("spec")
     if options:
-        raise ValueError(f"the thread runtime takes no options but inputs/sort_by, got {sorted(options)}")
+        raise ValueError(f"the thread runtime takes no options but inputs/sort_by/report_to/"
+                         f"timeout/heartbeat_timeout, got {sorted(options)}")
     fabric = ThreadFabric(workers)
     results: list[Any] = [None] * workers
 
@@ -99,15 +175,26 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             fabric.abort(i, exc)
 
-    if workers == 1:
+    if workers == 1 and timeout is None:
         run(0)
     else:
         threads = [threading.Thread(target=run, args=(i,), name=f"tokenflow-worker-{i}",
                                     daemon=True) for i in range(workers)]
         for t in threads:
             t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
         for t in threads:
-            t.join()
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        if any(t.is_alive() for t in threads):
+            message = f"job timed out after {timeout:g} s"
+            fabric.abort(-1, TimeoutError(message))  # every worker stops at its next step
+            end = time.monotonic() + STOP_WAIT
+            for t in threads:
+                t.join(max(0.0, end - time.monotonic()))
+            stuck = [i for i, t in enumerate(threads) if t.is_alive()]
+            if stuck:
+                message += f" (workers {stuck} still running: they do not step)"
+            raise JobTimeoutError(message)
     if fabric.error is not None:
         worker, error = fabric.error
         raise WorkerError(worker, error) from error

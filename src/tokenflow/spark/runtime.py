@@ -6,16 +6,30 @@ as one barrier stage; each task opens a listening socket, exchanges addresses wi
 dataflow and runs it).  The stage runs over the job's input DataFrames (if any), so worker ``i``
 reads Spark partition ``i`` as Arrow batches (``mapInArrow(..., barrier=True)``); each task
 returns its worker's cloudpickled result.
+
+Liveness: every task sends heartbeats to a driver-side ``Coordinator`` (the one serving
+``report_to`` if it lives in this process, else one the runtime opens) from the moment it
+starts; a monitor thread on the driver declares a worker stalled after ``heartbeat_timeout``
+seconds without one (``tokenflow.coordinator.Liveness``), or the job timed out after
+``timeout`` seconds, and cancels the stage's job group (``SparkContext.cancelJobGroup``: Spark
+kills the tasks and their Python workers).  A stage Spark fails (a worker's Python process died
+or raised outside the worker code) is reported as ``worker i failed: <its last Python error
+line>``, without the Java stack trace; on a ``local`` master the executor's log lines about the
+failed task are silenced for the duration of the stage.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import secrets
 import socket
+import threading
 import time
+import warnings
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import cloudpickle
@@ -23,6 +37,7 @@ import pyarrow as pa
 
 from tokenflow.comm.auth import new_secret
 from tokenflow.comm.tcp import bind_listener
+from tokenflow.coordinator import DEFAULT_HEARTBEAT_TIMEOUT, Coordinator, Liveness
 from tokenflow.spark import session as spark_session
 
 TAG = "__tf_input"
@@ -46,41 +61,53 @@ def _task_host() -> str:
 def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
                inputs: list[tuple[str, list[str]]], local: bool,
                report_to: tuple[str, int, str] | None,
-               spec: Any = None) -> Callable[..., Iterator[pa.RecordBatch]]:
+               spec: Any = None,
+               heartbeat_to: tuple[str, int, str] | None = None,
+               ) -> Callable[..., Iterator[pa.RecordBatch]]:
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
 
         from tokenflow.cluster import run_worker
+        from tokenflow.coordinator import Reporter
         from tokenflow.spark.inputs import split_inputs
 
         ctx = BarrierTaskContext.get()
         index = ctx.partitionId()
-        host = "127.0.0.1" if local else _task_host()
-        listener = bind_listener("0.0.0.0" if not local else "127.0.0.1", 0)
-        port = listener.getsockname()[1]
-        gathered = ctx.allGather(json.dumps([index, host, port]))
-        addresses: list[tuple[str, int]] = [("", 0)] * workers
-        for item in gathered:
-            i, h, p = json.loads(item)
-            addresses[i] = (h, p)
+        reporter = Reporter(report_to) if report_to is not None else None
+        beats = reporter if heartbeat_to is not None and heartbeat_to == report_to else \
+            Reporter(heartbeat_to) if heartbeat_to is not None else None
+        if beats is not None:
+            beats.start_heartbeat(index, job)
         try:
-            fn = cloudpickle.loads(payload)
-            worker_inputs = split_inputs(batches, inputs, TAG)
+            host = "127.0.0.1" if local else _task_host()
+            listener = bind_listener("0.0.0.0" if not local else "127.0.0.1", 0)
+            port = listener.getsockname()[1]
+            gathered = ctx.allGather(json.dumps([index, host, port]))
+            addresses: list[tuple[str, int]] = [("", 0)] * workers
+            for item in gathered:
+                i, h, p = json.loads(item)
+                addresses[i] = (h, p)
+            try:
+                fn = cloudpickle.loads(payload)
+                worker_inputs = split_inputs(batches, inputs, TAG)
 
-            def configure(worker: Any) -> None:
-                worker.inputs = worker_inputs
+                def configure(worker: Any) -> None:
+                    worker.inputs = worker_inputs
 
-            result = run_worker(fn, index, workers, listener, addresses, secret, job, configure,
-                                report_to=report_to, spec=spec)
-            out = [index, True, cloudpickle.dumps(result)]
-        except BaseException as exc:  # noqa: BLE001 - returned to the driver with its traceback
-            import traceback
+                result = run_worker(fn, index, workers, listener, addresses, secret, job, configure,
+                                    report_to=report_to, spec=spec, reporter=reporter)
+                out = [index, True, cloudpickle.dumps(result)]
+            except BaseException as exc:  # noqa: BLE001 - returned to the driver with its traceback
+                import traceback
 
-            from tokenflow.process import _is_consequence
+                from tokenflow.process import _is_consequence
 
-            out = [index, False, cloudpickle.dumps((f"{type(exc).__name__}: {exc}\n"
-                                                    f"{traceback.format_exc()}",
-                                                    _is_consequence(exc)))]
+                out = [index, False, cloudpickle.dumps((f"{type(exc).__name__}: {exc}\n"
+                                                        f"{traceback.format_exc()}",
+                                                        _is_consequence(exc)))]
+        finally:
+            for r in {id(r): r for r in (beats, reporter) if r is not None}.values():
+                r.close()
         yield pa.RecordBatch.from_pylist(
             [{"worker": out[0], "ok": out[1], "payload": out[2]}],
             schema=pa.schema([("worker", pa.int32()), ("ok", pa.bool_()), ("payload", pa.binary())]),
@@ -117,15 +144,152 @@ def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
     return by_hash.sortWithinPartitions(*order), layout
 
 
+class _Monitor:
+    """A driver thread watching a running stage: when a worker stalls (no heartbeat on
+    ``coordinator`` for ``liveness.timeout`` s) or the job outlives ``timeout`` s, it records
+    why (``verdict``: ``(worker, message, timed_out)``) and cancels the job group."""
+
+    POLL = 0.25
+
+    def __init__(self, sc: Any, group: str, job: str, coordinator: Coordinator | None,
+                 liveness: Liveness | None, timeout: float | None) -> None:
+        self.sc = sc
+        self.group = group
+        self.job = job
+        self.coordinator = coordinator
+        self.liveness = liveness
+        self.timeout = timeout
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.verdict: tuple[int, str, bool] | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="tokenflow-spark-monitor")
+
+    def start(self) -> None:
+        if self.deadline is not None or (self.coordinator is not None and self.liveness is not None):
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.POLL):
+            verdict = self._check()
+            if verdict is not None:
+                self.verdict = verdict
+                try:
+                    self.sc.cancelJobGroup(self.group)
+                except Exception:  # noqa: BLE001 - the stage may have ended meanwhile
+                    pass
+                return
+
+    def _check(self) -> tuple[int, str, bool] | None:
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return -1, f"job {self.job} timed out after {self.timeout:g} s", True
+        if self.coordinator is None or self.liveness is None:
+            return None
+        for worker, (at, done) in self.coordinator.heartbeats(self.job).items():
+            if 0 <= worker < len(self.liveness.last):
+                self.liveness.beat(worker, at)
+                if done:
+                    self.liveness.finish(worker)
+        stalled = self.liveness.stalled()
+        if stalled is None:
+            return None
+        return stalled[0], f"worker {stalled[0]} {stalled[1]}", False
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=5)
+
+
+@contextmanager
+def _job_group(sc: Any, group: str, description: str) -> Iterator[None]:
+    """Run the block's Spark jobs in job group ``group`` (interrupted on cancel); the thread's
+    previous group is restored afterwards."""
+    keys = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+    previous = {k: sc.getLocalProperty(k) for k in keys}
+    sc.setJobGroup(group, description, interruptOnCancel=True)
+    try:
+        yield
+    finally:
+        for k, v in previous.items():
+            sc.setLocalProperty(k, v)
+
+
+QUIET_LOGGERS = ("org.apache.spark.executor.Executor", "org.apache.spark.scheduler.TaskSetManager",
+                 "org.apache.spark.api.python.PythonRunner")
+"""Loggers that print a Java stack trace for a failed task (silenced on ``local`` masters
+while a stage runs: the driver reports the failure itself)."""
+
+
+@contextmanager
+def _quiet_task_logs(sc: Any, local: bool) -> Iterator[None]:
+    levels: dict[str, Any] = {}
+    try:
+        if local:
+            jvm = sc._jvm
+            configurator = jvm.org.apache.logging.log4j.core.config.Configurator
+            off = jvm.org.apache.logging.log4j.Level.OFF
+            for name in QUIET_LOGGERS:
+                levels[name] = jvm.org.apache.logging.log4j.LogManager.getLogger(name).getLevel()
+                configurator.setLevel(name, off)
+    except Exception:  # noqa: BLE001 - no JVM access (e.g. Spark Connect): keep the logs
+        levels = {}
+    try:
+        yield
+    finally:
+        if levels:
+            try:
+                configurator = sc._jvm.org.apache.logging.log4j.core.config.Configurator
+                for name, level in levels.items():
+                    configurator.setLevel(name, level)
+            except Exception:  # noqa: BLE001 # pragma: no cover - the session stopped
+                pass
+
+
+def _advertised(coordinator: Coordinator, local: bool) -> tuple[str, int, str]:
+    """The endpoint of ``coordinator`` as tasks reach it."""
+    host, port, token = coordinator.endpoint
+    if not local:
+        host = os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname())
+    return host, port, token
+
+
+def _check_capacity(sc: Any, workers: int) -> None:
+    """Warn (``ContentionWarning``) when the workers exceed the cores or the cluster's task
+    slots.
+
+    Raises:
+        ValueError: a ``local[n]`` master has fewer than ``workers`` slots (Spark would wait
+            for them for about 10 minutes, ``spark.scheduler.barrier.maxConcurrentTasksCheck``).
+    """
+    from tokenflow.execute import ContentionWarning, capacity_warning, contention, local_slots
+
+    master = str(sc.master)
+    slots = local_slots(master)
+    if slots is not None and workers > slots:
+        raise ValueError(f"{workers} workers need {workers} task slots (one barrier stage); "
+                         f"{master} has {slots}: use local[{workers}] or fewer workers")
+    if slots is not None:
+        message = capacity_warning(workers, "spark", master)
+    else:
+        try:
+            message = contention(workers, int(sc.defaultParallelism), "task slots")
+        except Exception:  # noqa: BLE001 # pragma: no cover - no parallelism to compare with
+            return
+    if message is not None:
+        warnings.warn(message, ContentionWarning, stacklevel=4)
+
+
 def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None = None,
                     inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
                     spark: Any = None, report_to: tuple[str, int, str] | None = None,
-                    spec: Any = None) -> list[Any]:
+                    spec: Any = None, timeout: float | None = None,
+                    heartbeat_timeout: float | None = DEFAULT_HEARTBEAT_TIMEOUT) -> list[Any]:
     """Run ``fn`` on ``workers`` barrier tasks of Spark; returns per-worker results in order.
 
     Args:
         fn: the worker function (cloudpickled).
-        workers: number of workers = barrier tasks (the cluster needs that many free slots).
+        workers: number of workers = barrier tasks (the cluster needs that many free slots; a
+            ``ContentionWarning`` when they exceed the slots or cores).
         master: Spark master URL (default ``local[W]``); ignored when ``spark`` is given.
         inputs: named DataFrames (or Arrow tables) that workers read with ``from_dataframe``:
             each is repartitioned into ``workers`` partitions, partition ``i`` going to worker
@@ -135,27 +299,67 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         report_to: a coordinator endpoint ``(host, port, token)`` for progress reports.
         spec: the job's ``tokenflow.job.JobSpec`` (routing table, snapshot to restore,
             control plane).
+        timeout: seconds before the job is cancelled (None: no limit).
+        heartbeat_timeout: seconds without a heartbeat after which a worker is stalled and the
+            job cancelled (None: never).
 
     Raises:
-        WorkerError: when a worker fails (naming it), or Spark fails the stage.
+        ValueError: a ``local[n]`` master with fewer than ``workers`` task slots.
+        WorkerError: when a worker fails, dies or stalls (naming it: ``worker 1 failed:
+            ValueError: ...``, ``worker 1 stalled: no heartbeat for 10.2 s``), or Spark fails
+            the stage for another reason (``worker`` -1).
+        JobTimeoutError: the job outlived ``timeout``.
     """
-    from tokenflow.execute import WorkerError
+    from tokenflow.execute import JobTimeoutError, WorkerError
 
     spark = spark or spark_session.get_session(master or f"local[{workers}]")
+    sc = spark.sparkContext
     secret = new_secret()
     job = f"tokenflow-spark-{secrets.token_hex(4)}"
-    local = spark.sparkContext.master.startswith("local")
+    local = sc.master.startswith("local")
+    _check_capacity(sc, workers)
     layout: list[tuple[str, list[str]]] = []
     if inputs:
         frame, layout = _input_frame(spark, inputs, workers, sort_by or {})
     else:
         frame = spark.range(0, workers, numPartitions=workers).select()
-    task = _make_task(cloudpickle.dumps(fn), secret, job, workers, layout, local, report_to, spec)
+    own: Coordinator | None = None
+    watched: Coordinator | None = None
+    heartbeat_to: tuple[str, int, str] | None = None
+    if heartbeat_timeout is not None:
+        watched = Coordinator.find(report_to) if report_to is not None else None
+        if watched is not None:
+            heartbeat_to = report_to
+        else:
+            own = watched = Coordinator(host="127.0.0.1" if local else "0.0.0.0")
+            heartbeat_to = _advertised(own, local)
+    task = _make_task(cloudpickle.dumps(fn), secret, job, workers, layout, local, report_to, spec,
+                      heartbeat_to)
+    liveness = None if heartbeat_timeout is None else Liveness(workers, heartbeat_timeout)
+    monitor = _Monitor(sc, job, job, watched, liveness, timeout)
     start = time.perf_counter()
     try:
-        rows = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
-    except Exception as exc:
-        raise WorkerError(-1, RuntimeError(f"Spark failed the barrier stage: {_short(exc)}")) from exc
+        with _job_group(sc, job, f"tokenflow: {workers} workers"), _quiet_task_logs(sc, local):
+            monitor.start()
+            try:
+                rows = frame.mapInArrow(task, RESULT_SCHEMA, barrier=True).collect()
+            except Exception as exc:
+                monitor.stop()
+                if monitor.verdict is not None:
+                    worker, message, timed_out = monitor.verdict
+                    if timed_out:
+                        raise JobTimeoutError(message) from None
+                    raise WorkerError(worker, TimeoutError(message), message) from None
+                error = stage_error(str(exc))
+                error.spark_error = str(exc)  # type: ignore[attr-defined]
+                raise error from None
+            finally:
+                monitor.stop()
+    finally:
+        if watched is not None:
+            watched.forget(job)
+        if own is not None:
+            own.close()
     execute_runtime.last_job_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
     results: list[Any] = [None] * workers
     failures = []
@@ -174,9 +378,61 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
     return results
 
 
-def _short(exc: BaseException) -> str:
-    text = str(exc)
+_TASK = (re.compile(r"barrier task ResultTask\(\d+, (\d+)\)"),
+         re.compile(r"\b[Tt]ask (\d+)(?:\.\d+)? in stage"))
+_JAVA_FRAME = re.compile(r"^\s+at [\w$.<>/]+\(.*\)$|^\s*\.\.\. \d+ more$|^Caused by: ")
+_EXCEPTION_LINE = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Exit|Interrupt|Warning|"
+                             r"Failure|Stopped|Aborted))(?:: (.*))?$")
+
+
+def stage_error(text: str) -> Exception:
+    """A ``WorkerError`` for a barrier stage Spark failed, from its exception text: the failed
+    task's partition (= worker index; -1 when the text names none) and the last line of the
+    Python traceback in the text (``ValueError: boom``), or Spark's own reason for the task
+    (``Python worker exited unexpectedly (crashed)``); never a Java stack frame."""
+    from tokenflow.execute import WorkerError
+
+    worker = -1
+    for pattern in _TASK:
+        match = pattern.search(text)
+        if match:
+            worker = int(match.group(1))
+            break
+    reason = _python_error(text) or _spark_reason(text)
+    message = f"worker {worker} failed: {reason}" if worker >= 0 else \
+        f"Spark failed the barrier stage: {reason}"
+    return WorkerError(worker, RuntimeError(reason), message)
+
+
+def _python_error(text: str) -> str | None:
+    """The exception line ending the last Python traceback in ``text``, or None."""
+    at = text.rfind("Traceback (most recent call last):")
+    if at < 0:
+        return None
+    last = None
+    for line in text[at:].splitlines()[1:]:
+        if _JAVA_FRAME.match(line):
+            break
+        if line and not line[0].isspace() and ":" in line or _EXCEPTION_LINE.match(line.strip()):
+            last = line.strip()
+    if last is None:
+        return None
+    for prefix in ("org.apache.spark.api.python.PythonException: ", "pyspark.errors.exceptions."):
+        if last.startswith(prefix):
+            last = last[len(prefix):]
+    return last[:500]
+
+
+def _spark_reason(text: str) -> str:
+    """The first line of ``text`` giving the task's failure, without Java class names or
+    Spark's advice."""
+    candidates = []
     for line in text.splitlines():
-        if "Error" in line or "Exception" in line:
-            return line.strip()[:500]
-    return text[:500]
+        line = line.strip()
+        if not line or _JAVA_FRAME.match(line) or line.startswith("An error occurred while calling"):
+            continue
+        candidates.append(line)
+    preferred = [c for c in candidates if "Job aborted due to stage failure" not in c]
+    line = (preferred or candidates or ["Spark failed the barrier stage"])[0]
+    line = re.sub(r"^:?\s*(?:[a-z]+\.)+[A-Za-z]+(?:Exception|Error): ", "", line)
+    return line.split(". Consider setting")[0].strip()[:500]
