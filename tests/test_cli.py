@@ -295,3 +295,39 @@ def test_stop_asks_the_job_through_its_snapshot_directory(tmp_path: Path) -> Non
     assert code == 2 and "no snapshot directory" in stderr
     code, _, _ = invoke("stop", str(tmp_path))
     assert code == 0 and (tmp_path / ".stop-request").exists()
+
+
+# -- timeout, capacity warning -------------------------------------------------------------------
+
+FOREVER = textwrap.dedent('''
+    import time
+
+
+    def job(worker):
+        while True:
+            worker.step()
+            time.sleep(0.01)
+''')
+
+
+def test_timeout_fails_a_never_ending_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    (tmp_path / "forever_job.py").write_text(FOREVER)
+    monkeypatch.chdir(tmp_path)
+    start = time.monotonic()
+    code, out, err = invoke("run", "forever_job:job", "-w", "2", "--timeout", "1", "-q")
+    assert code == 1
+    assert err.strip() == "error: job timed out after 1 s"
+    assert time.monotonic() - start < 5
+
+
+def test_more_workers_than_cores_prints_one_warning(job_file: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    monkeypatch.setattr(importlib.import_module("tokenflow.execute"), "available_cores", lambda: 1)
+    code, out, err = invoke("run", "cli_test_job:job", "-w", "2", "-r", "process", "-q")
+    assert code == 0, err
+    check_success(out, "process", 2)
+    assert err.count("warning: 2 workers on 1 core: expect contention") == 1, err
+    assert "ContentionWarning" not in err

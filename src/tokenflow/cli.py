@@ -3,7 +3,7 @@
 Usage::
 
     tokenflow run MODULE:FUNCTION --workers 2 --runtime thread|process|spark [--master URL] [--quiet]
-                  [--snapshot-dir DIR [--stop-after S]] [--restore DIR] [--name NAME]
+                  [--snapshot-dir DIR [--stop-after S]] [--restore DIR] [--name NAME] [--timeout S]
     tokenflow stop DIR              ask the job running with --snapshot-dir DIR to snapshot and stop
     tokenflow snapshots DIR         list the committed snapshots in DIR
     tokenflow --version
@@ -34,8 +34,14 @@ records/s (total / wall time), then each worker's result as a truncated ``repr``
 the seconds spent starting the Spark session are printed apart and not counted in the job's
 time.
 
-Exit codes: 0 success; 1 a worker (named in the one-line message) or the runtime failed;
-2 bad usage, including a ``MODULE:FUNCTION`` that cannot be loaded.
+``--timeout S`` fails the job (exit 1) when it runs longer than S seconds.  On ``process`` and
+``spark`` a worker that stops sending heartbeats for 10 s (e.g. a stopped process) fails the job
+as stalled.  More workers than cores (or than a ``local[n]`` master's slots) print a warning on
+stderr first (``tokenflow.execute.capacity_warning``).  A malformed report never breaks the
+table: its row reads ``bad report``.
+
+Exit codes: 0 success; 1 a worker (named in the one-line message) or the runtime failed, or
+the job timed out; 2 bad usage, including a ``MODULE:FUNCTION`` that cannot be loaded.
 
 NEXMark (source: docs/NEXMARK.md; ``tokenflow.nexmark``)::
 
@@ -61,12 +67,14 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
+import math
 import os
 import re
 import socket
 import sys
 import threading
 import time
+import warnings
 from collections.abc import Callable
 from enum import StrEnum
 from functools import reduce
@@ -83,7 +91,7 @@ from rich.text import Text
 
 from tokenflow import __version__
 from tokenflow.coordinator import Coordinator
-from tokenflow.execute import WorkerError, execute
+from tokenflow.execute import ContentionWarning, WorkerError, capacity_warning, execute
 
 REFRESH_PER_SECOND = 4
 """Live table refreshes per second."""
@@ -177,7 +185,8 @@ def least_frontier(frontiers: dict[str, dict[str, list[str]]]) -> str:
 
 
 def progress_table(snapshot: dict[int, dict[str, Any]], workers: int, title: str) -> Table:
-    """One row per worker from the coordinator's ``snapshot`` (see the module docstring)."""
+    """One row per worker from the coordinator's ``snapshot`` (see the module docstring); a
+    report whose fields cannot be shown gets a ``bad report`` row instead of an error."""
     table = Table(title=title, title_justify="left")
     table.add_column("worker", justify="right")
     for name in ("steps", "records in", "records/s"):
@@ -189,12 +198,32 @@ def progress_table(snapshot: dict[int, dict[str, Any]], workers: int, title: str
         if report is None:
             table.add_row(str(i), "-", "-", "-", "-", "waiting")
             continue
-        records, elapsed = int(report.get("records_in", 0)), float(report.get("elapsed", 0.0))
-        rate = f"{records / elapsed:,.0f}" if elapsed > 0 else "-"
-        table.add_row(str(i), f"{report.get('steps', 0):,}", f"{records:,}", rate,
-                      least_frontier(report.get("frontiers", {})),
-                      "yes" if report.get("done") else "no")
+        try:
+            table.add_row(str(i), *_report_cells(report))
+        except Exception:  # noqa: BLE001 - the live table must go on
+            table.add_row(str(i), "?", "?", "?", "?", "bad report")
     return table
+
+
+def _report_cells(report: dict[str, Any]) -> tuple[str, str, str, str, str]:
+    """Steps, records in, records/s, frontier and done of one report.
+
+    Raises:
+        TypeError, ValueError, AttributeError, OverflowError: a field of the wrong type.
+    """
+    records, elapsed = int(report.get("records_in", 0)), float(report.get("elapsed", 0.0))
+    rate = f"{records / elapsed:,.0f}" if elapsed > 0 and math.isfinite(elapsed) else "-"
+    return (f"{int(report.get('steps', 0)):,}", f"{records:,}", rate,
+            least_frontier(report.get("frontiers", {})), "yes" if report.get("done") else "no")
+
+
+def _warn_capacity(err: Console, workers: int, runtime: str, master: str | None) -> None:
+    """Print the runtime's capacity warning (more workers than cores or slots) once, on
+    stderr, instead of Python's ``ContentionWarning`` line."""
+    warnings.filterwarnings("ignore", category=ContentionWarning)
+    message = capacity_warning(workers, runtime, master)
+    if message is not None:
+        err.print(f"warning: {message}")
 
 
 def _version(value: bool) -> None:
@@ -231,6 +260,9 @@ def run(
     name: Annotated[str | None, typer.Option(
         "--name", help="The job's name, matched against a restored snapshot (default "
                        "MODULE:FUNCTION).")] = None,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0, help="Seconds after which the job is stopped and fails (exit 1).")
+    ] = None,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
@@ -246,6 +278,9 @@ def run(
     options: dict[str, Any] = {"name": name or target}
     if restore is not None:
         options["restore"] = str(restore)
+    if timeout is not None:
+        options["timeout"] = timeout
+    _warn_capacity(err, workers, runtime.value, master)
     startup: float | None = None
     if runtime is Runtime.spark:
         master = master or f"local[{workers}]"
@@ -594,6 +629,7 @@ def nexmark_query(
         _fail("--master applies to --runtime spark only", 2)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
+    _warn_capacity(err, workers, runtime.value, master)
     if runtime is Runtime.spark:
         master = master or f"local[{workers}]"
         startup = _start_spark(master, err, quiet=False)
@@ -650,6 +686,7 @@ def flights(
         _fail("--master applies to --runtime spark only", 2)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
+    _warn_capacity(err, workers, runtime.value, master)
     if runtime is Runtime.spark:
         master = master or f"local[{workers}]"
         startup = _start_spark(master, err, quiet=quiet)
@@ -722,6 +759,7 @@ def demo(
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     master = master or f"local[{workers}]"
+    _warn_capacity(err, workers, "spark", master)
     startup = _start_spark(master, err, quiet=False)
     out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
     coordinator, endpoint = _coordinator(Runtime.spark, master)

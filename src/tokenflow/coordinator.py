@@ -350,7 +350,7 @@ class Coordinator:
         pending: dict[socket.socket, _Pending] = {}  # in arrival order
         listening = True
         resume_at = 0.0
-        backoff = 0.05
+        backoff = 0.025
         try:
             sel.register(self._sock, selectors.EVENT_READ, None)
             while not self._closed:
@@ -369,14 +369,14 @@ class Coordinator:
                     raise
                 for key, _ in events:
                     if key.data is None:
-                        paused = self._accept(sel, pending)
-                        if paused:
+                        accepted, exhausted = self._accept(sel, pending)
+                        if exhausted:  # pause; longer each time a round accepts nothing
+                            backoff = 0.05 if accepted else min(1.0, backoff * 2)
                             sel.unregister(self._sock)
                             listening = False
                             resume_at = time.monotonic() + backoff
-                            backoff = min(1.0, backoff * 2)
                         else:
-                            backoff = 0.05
+                            backoff = 0.025
                     else:
                         self._read_hello(sel, pending, key.data)
                 now = time.monotonic()
@@ -392,17 +392,19 @@ class Coordinator:
                 p.sock.close()
             sel.close()
 
-    def _accept(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending]) -> bool:
-        """Accept up to ``ACCEPT_BATCH`` connections; True when out of descriptors (the
-        caller pauses accepting for a while)."""
+    def _accept(self, sel: selectors.BaseSelector,
+                pending: dict[socket.socket, _Pending]) -> tuple[int, bool]:
+        """Accept up to ``ACCEPT_BATCH`` connections; returns how many, and whether this
+        process ran out of descriptors (the caller then pauses accepting for a while)."""
+        accepted = 0
         for _ in range(ACCEPT_BATCH):
             try:
                 conn, addr = self._sock.accept()
             except BlockingIOError:
-                return False
+                break
             except OSError as exc:
                 if self._closed:
-                    return False
+                    break
                 if exc.errno in _RESOURCE_ERRNOS:
                     self._exhausted.note(f"{errno.errorcode.get(exc.errno or 0, exc.errno)} "
                                          f"({exc.strerror}); {len(pending)} connections await a "
@@ -410,8 +412,9 @@ class Coordinator:
                     if pending:
                         oldest = next(iter(pending.values()))
                         self._drop(sel, pending, oldest, "dropped to free a descriptor")
-                    return True
+                    return accepted, True
                 continue  # ECONNABORTED and the like: that connection is gone, go on
+            accepted += 1
             if len(pending) >= self.max_pending:
                 oldest = next(iter(pending.values()))
                 self._drop(sel, pending, oldest,
@@ -420,7 +423,7 @@ class Coordinator:
             entry = _Pending(conn, addr, time.monotonic() + self.hello_timeout)
             pending[conn] = entry
             sel.register(conn, selectors.EVENT_READ, entry)
-        return False
+        return accepted, False
 
     def _drop(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending],
               entry: _Pending, reason: str | None) -> None:

@@ -59,11 +59,12 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def contention(workers: int, cores: int | None, what: str = "cores") -> str | None:
-    """``"100 workers on 2 cores: expect contention"`` when ``workers > cores``, else None."""
+def contention(workers: int, cores: int | None, what: str = "core") -> str | None:
+    """``"100 workers on 2 cores: expect contention"`` when ``workers > cores``, else None
+    (``what``: the singular of what ``cores`` counts)."""
     if cores is None or workers <= cores:
         return None
-    return f"{workers} workers on {cores} {what}: expect contention"
+    return f"{workers} workers on {cores} {what}{'' if cores == 1 else 's'}: expect contention"
 
 
 def local_slots(master: str) -> int | None:

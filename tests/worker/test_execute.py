@@ -253,3 +253,43 @@ def test_idle_operators_are_not_scheduled(peers: int) -> None:
         # The quiet input's frontier moved once: the frontier-aware operator ran once more,
         # the plain one (scheduled only for data) not at all.
         assert r["after_advance"] == (1, 2)
+
+
+# -- timeout and capacity --------------------------------------------------------------------------
+
+
+def never_ending(worker: Worker) -> None:
+    while True:
+        worker.step()
+        time.sleep(0.01)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_timeout_stops_a_never_ending_job(workers: int) -> None:
+    """``timeout=1`` fails the job after about a second with an error that is both a
+    ``WorkerError`` and a ``TimeoutError``, and its worker threads end."""
+    from tokenflow.execute import JobTimeoutError
+
+    start = time.monotonic()
+    with pytest.raises(JobTimeoutError, match=r"^job timed out after 1 s$") as info:
+        execute(never_ending, workers=workers, timeout=1)
+    assert 1.0 <= time.monotonic() - start < 2.5
+    assert isinstance(info.value, WorkerError) and isinstance(info.value, TimeoutError)
+    assert info.value.worker == -1
+    assert worker_threads() == []
+
+
+def test_capacity_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib
+
+    ex = importlib.import_module("tokenflow.execute")  # the package re-exports the function
+
+    monkeypatch.setattr(ex, "available_cores", lambda: 2)
+    assert ex.capacity_warning(100, "process") == "100 workers on 2 cores: expect contention"
+    assert ex.capacity_warning(2, "process") is None
+    assert ex.capacity_warning(100, "thread") is None
+    assert ex.capacity_warning(3, "spark") == "3 workers on 2 cores: expect contention"  # local[3]
+    assert ex.capacity_warning(4, "spark", "local[2]") == "4 workers need 4 task slots; local[2] has 2"
+    assert ex.capacity_warning(4, "spark", "spark://host:7077") is None
+    assert ex.local_slots("local[*]") == 2 and ex.local_slots("local[3, 2]") == 3
+    assert ex.contention(3, 1) == "3 workers on 1 core: expect contention"

@@ -272,7 +272,7 @@ def _check_capacity(sc: Any, workers: int) -> None:
         message = capacity_warning(workers, "spark", master)
     else:
         try:
-            message = contention(workers, int(sc.defaultParallelism), "task slots")
+            message = contention(workers, int(sc.defaultParallelism), "task slot")
         except Exception:  # noqa: BLE001 # pragma: no cover - no parallelism to compare with
             return
     if message is not None:
