@@ -157,6 +157,12 @@ def _recv(sock: socket.socket, deadline: float | None) -> dict[str, Any]:
     return obj
 
 
+def _shown(value: Any, limit: int = 60) -> str:
+    """A peer-supplied value for a log line: its repr (no raw newlines), cut to ``limit``."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 def _field(obj: dict[str, Any], name: str, kind: type) -> Any:
     value = obj.get(name)
     if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
@@ -233,10 +239,10 @@ def accept_handshake(sock: socket.socket, secret: bytes, job: str, me: int,
     hello = _recv(sock, deadline)
     version = hello.get("v", 1)  # version 1 had no "v"
     if version != PROTOCOL_VERSION:
-        raise AuthenticationError(f"peer speaks mesh protocol {version!r}, this worker speaks "
+        raise AuthenticationError(f"peer speaks mesh protocol {_shown(version)}, this worker speaks "
                                   f"{PROTOCOL_VERSION}", "wrong version")
     if hello.get("job") != job:
-        raise AuthenticationError(f"connection for job {hello.get('job')!r}, this is {job!r}",
+        raise AuthenticationError(f"connection for job {_shown(hello.get('job'))}, this is {job!r}",
                                   "wrong job")
     peer = _field(hello, "worker", int)
     nonce_c = _nonce(hello)
