@@ -29,6 +29,7 @@ from tokenflow.comm.auth import (
     Session,
     accept_handshake,
     connect_handshake,
+    job_secret,
     new_secret,
 )
 from tokenflow.comm.frames import (
@@ -554,3 +555,71 @@ def test_pickle_after_failed_mac_not_unpickled(tmp_path: Path) -> None:
     c, a = run_pair(rogue, accept())
     refused(a, AuthenticationError, "failed the secret check")
     assert not marker.exists()
+
+
+# -- a secret the job does not carry (TOKENFLOW_SECRET_FILE) -----------------------------------
+
+
+def test_job_secret_without_file_is_the_secret() -> None:
+    assert job_secret(SECRET, environ={}) == SECRET
+
+
+def test_job_secret_mixes_the_file(tmp_path: Path) -> None:
+    """HKDF-SHA256(ikm = file contents stripped, salt = job secret, info "tokenflow job secret
+    v2"): different from the job secret, and different for another file or another job."""
+    site, other = tmp_path / "site", tmp_path / "other"
+    site.write_text("a" * 64 + "\n")
+    other.write_text("b" * 64)
+    mixed = job_secret(SECRET, environ={"TOKENFLOW_SECRET_FILE": str(site)})
+    assert mixed == HKDF(hashes.SHA256(), 32, SECRET, b"tokenflow job secret v2").derive(b"a" * 64)
+    assert mixed != SECRET
+    assert mixed != job_secret(SECRET, environ={"TOKENFLOW_SECRET_FILE": str(other)})
+    assert mixed != job_secret(b"t" * 32, environ={"TOKENFLOW_SECRET_FILE": str(site)})
+
+
+def test_job_secret_file_errors(tmp_path: Path) -> None:
+    with pytest.raises(OSError, match="TOKENFLOW_SECRET_FILE=.*cannot be read"):
+        job_secret(SECRET, environ={"TOKENFLOW_SECRET_FILE": str(tmp_path / "missing")})
+    (tmp_path / "short").write_text("tiny\n")
+    with pytest.raises(ValueError, match="holds 4 bytes; it needs at least 16"):
+        job_secret(SECRET, environ={"TOKENFLOW_SECRET_FILE": str(tmp_path / "short")})
+
+
+def test_worker_without_the_secret_file_cannot_join(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Workers that share the file form the mesh; one that knows only the job secret (what
+    a reader of the closure knows) is refused."""
+    from tokenflow.comm.tcp import MeshSetupError, TcpMesh, bind_listener
+
+    site = tmp_path / "site"
+    site.write_text(os.urandom(32).hex())
+    monkeypatch.setenv("TOKENFLOW_SECRET_FILE", str(site))
+
+    def pair(second_has_file: bool) -> list[BaseException | None]:
+        listeners = [bind_listener(), bind_listener()]
+        addresses = [s.getsockname()[:2] for s in listeners]
+        first = TcpMesh(0, 2, listeners[0], SECRET, JOB)
+        if not second_has_file:
+            monkeypatch.delenv("TOKENFLOW_SECRET_FILE")
+        meshes = [first, TcpMesh(1, 2, listeners[1], SECRET, JOB)]
+        outcome: list[BaseException | None] = [None, None]
+
+        def run(i: int) -> None:
+            try:
+                meshes[i].connect(addresses, timeout=3)
+            except BaseException as exc:  # noqa: BLE001 - inspected below
+                outcome[i] = exc
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(10)
+        for m in meshes:
+            m.close()
+        return outcome
+
+    assert pair(second_has_file=True) == [None, None]
+    refused_pair = pair(second_has_file=False)
+    assert isinstance(refused_pair[1], MeshSetupError)
+    assert "worker 0 does not know the job secret" in str(refused_pair[1])

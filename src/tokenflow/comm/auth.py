@@ -27,7 +27,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -48,6 +49,10 @@ from tokenflow.comm.frames import (
     encode_control,
     read_frame,
 )
+
+SECRET_FILE_ENV = "TOKENFLOW_SECRET_FILE"
+"""Environment variable naming a file whose contents every worker mixes into the job secret
+(``job_secret``): a secret that does not travel with the job (e.g. in a Spark task closure)."""
 
 PROTOCOL_VERSION = 2
 """Mesh protocol version (1: frames after the handshake in the clear; 2: sealed frames)."""
@@ -95,6 +100,33 @@ class Session:
 def new_secret() -> bytes:
     """A fresh 32-byte per-job secret."""
     return secrets.token_bytes(32)
+
+
+def job_secret(secret: bytes, environ: Mapping[str, str] | None = None) -> bytes:
+    """The key the mesh authenticates with: ``secret`` (the per-job secret the launcher gave
+    the worker) as it is, or — when ``TOKENFLOW_SECRET_FILE`` names a file — 32 bytes of
+    HKDF-SHA256 with the file's contents (surrounding whitespace stripped) as input keying
+    material and ``secret`` as salt.  Then a reader of the job's closure, which carries
+    ``secret`` only, cannot join or read the mesh; every worker of the job needs the same
+    file (a worker without it fails the handshake: "does not know the job secret").
+
+    Raises:
+        OSError: the file cannot be read.
+        ValueError: the file holds fewer than 16 bytes.
+    """
+    environ = os.environ if environ is None else environ
+    path = environ.get(SECRET_FILE_ENV)
+    if not path:
+        return secret
+    try:
+        site = Path(path).read_bytes().strip()
+    except OSError as exc:
+        raise OSError(f"{SECRET_FILE_ENV}={path!r} cannot be read: {exc}") from exc
+    if len(site) < 16:
+        raise ValueError(f"{SECRET_FILE_ENV}={path!r} holds {len(site)} bytes; it needs at least 16 "
+                         "(e.g. `openssl rand -hex 32`)")
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=secret,
+                info=b"tokenflow job secret v2").derive(site)
 
 
 def _parts(*parts: bytes | int | str) -> bytes:
@@ -270,5 +302,6 @@ __all__ = [
     "accept_handshake",
     "connect_handshake",
     "derive_keys",
+    "job_secret",
     "new_secret",
 ]

@@ -31,7 +31,13 @@ import time
 from collections import Counter, deque
 from typing import Any
 
-from tokenflow.comm.auth import AuthenticationError, Session, accept_handshake, connect_handshake
+from tokenflow.comm.auth import (
+    AuthenticationError,
+    Session,
+    accept_handshake,
+    connect_handshake,
+    job_secret,
+)
 from tokenflow.comm.frames import (
     DEFAULT_MAX_FRAME,
     HEADER_SIZE,
@@ -182,7 +188,8 @@ class TcpMesh:
         index: this worker's index.
         peers: number of workers.
         listener: a bound, listening socket (see ``bind_listener``).
-        secret: the per-job secret.
+        secret: the per-job secret (mixed with ``TOKENFLOW_SECRET_FILE``'s contents when
+            that is set: ``tokenflow.comm.auth.job_secret``).
         job: the job's name (part of the handshake).
         max_frame: largest accepted frame payload in bytes.
         handshake_timeout: seconds for a whole handshake, accepted or dialled.
@@ -197,7 +204,7 @@ class TcpMesh:
         self.index = index
         self.peers = peers
         self.listener = listener
-        self.secret = secret
+        self.secret = job_secret(secret)
         self.job = job
         self.max_frame = min(max_frame, MAX_SEALED_PAYLOAD)
         self.handshake_timeout = handshake_timeout
