@@ -77,6 +77,7 @@ blocks per key, which keeps AES-GCM's advantage bound near 2^-64 (within the 2^-
 _NONCE = struct.Struct("!IQ")
 _TIME_LEN = struct.Struct("!I")
 _REKEY_INFO = b"tokenflow mesh v2 rekey"
+_POOL_THRESHOLD = 1 << 16
 
 
 class FrameError(ConnectionError):
@@ -202,7 +203,21 @@ def recv_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> 
         TimeoutError: when the deadline passes first.
     """
     buf = bytearray(n)
-    view = memoryview(buf)
+    _recv_into(sock, memoryview(buf), deadline)
+    return buf
+
+
+def _allocate(n: int) -> memoryview:
+    """A writable buffer of ``n`` bytes: Arrow's memory pool for large ones (no zero-filling,
+    pages reused across frames), a ``bytearray`` for small ones."""
+    if n >= _POOL_THRESHOLD:
+        return memoryview(pa.allocate_buffer(n)).cast("B")
+    return memoryview(bytearray(n))
+
+
+def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) -> None:
+    """Fill ``view`` from ``sock`` (see ``recv_exactly``)."""
+    n = view.nbytes
     got = 0
     while got < n:
         if deadline is not None:
@@ -217,7 +232,6 @@ def recv_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> 
         if k == 0:
             raise EOFError(f"connection closed after {got} of {n} bytes")
         got += k
-    return buf
 
 
 def read_header(sock: socket.socket, deadline: float | None = None) -> tuple[int, int, int, int, bytes]:
@@ -310,7 +324,7 @@ class FrameSealer(_Direction):
                              f"({MAX_SEALED_PAYLOAD} bytes)")
         frame = payload.frame
         if frame is None:
-            frame = memoryview(bytearray(HEADER_SIZE + n + TAG_SIZE))
+            frame = _allocate(HEADER_SIZE + n + TAG_SIZE)
         header = HEADER.pack(MAGIC, payload.kind, FLAG_SEALED, channel, n + TAG_SIZE)
         frame[:HEADER_SIZE] = header
         self._aead.encrypt_into(self._nonce(), payload.data, header, frame[HEADER_SIZE:])
@@ -335,7 +349,7 @@ class FrameOpener(_Direction):
     def __init__(self, key: bytes, rekey_bytes: int = REKEY_BYTES) -> None:
         super().__init__(key, rekey_bytes)
 
-    def open(self, header: bytes, body: bytearray) -> memoryview:
+    def open(self, header: bytes, body: bytearray | memoryview) -> memoryview:
         """Verify and decrypt ``body`` (ciphertext and tag) in place; the plaintext view.
 
         Raises:
@@ -375,5 +389,6 @@ class FrameOpener(_Direction):
         if length - TAG_SIZE > max_payload:
             raise FrameError(f"frame of {length - TAG_SIZE} bytes exceeds the limit of "
                              f"{max_payload} bytes", reason="oversized frame")
-        body = recv_exactly(sock, length, deadline)
+        body = _allocate(length)
+        _recv_into(sock, body, deadline)
         return kind, channel, self.open(header, body)
