@@ -231,6 +231,7 @@ class TcpMesh:
         self._pending: dict[socket.socket, float] = {}  # accepted, unauthenticated -> since
         self._evicted: set[socket.socket] = set()
         self._claimed: set[int] = set()
+        self._claims: dict[socket.socket, int] = {}  # claimed, not yet registered
         self._pending_changed = threading.Condition()
         self._threads: list[threading.Thread] = []
         self.bytes_sent = 0
@@ -394,6 +395,7 @@ class TcpMesh:
             if peer in self._claimed:
                 raise AuthenticationError(f"worker {peer} is already connected", "wrong peer")
             self._claimed.add(peer)
+            self._claims[sock] = peer
             self._pending.pop(sock, None)
             self._pending_changed.notify_all()
 
@@ -413,10 +415,15 @@ class TcpMesh:
                 _close(sock)
             else:
                 self._refuse(sock, addr, *self._classify(exc, evicted, since))
+            with self._pending_changed:  # a genuine peer whose handshake failed late may retry
+                peer = self._claims.pop(sock, None)
+                if peer is not None:
+                    self._claimed.discard(peer)
         finally:
             with self._pending_changed:
                 self._pending.pop(sock, None)
                 self._evicted.discard(sock)
+                self._claims.pop(sock, None)
                 self._pending_changed.notify_all()
 
     def _classify(self, exc: Exception, evicted: bool, since: float) -> tuple[str, str]:
@@ -439,7 +446,8 @@ class TcpMesh:
         return "bad handshake", _describe(exc)
 
     def _refuse(self, sock: socket.socket, addr: Any, reason: str, detail: str) -> None:
-        self.refused += 1
+        with self._pending_changed:
+            self.refused += 1
         self.refusals.record(addr, reason, detail)
         _close(sock)
 
