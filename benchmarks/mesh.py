@@ -463,15 +463,15 @@ def primitive_sentence(rates: dict[str, float]) -> str:
 
 
 def export_revision(rev: str) -> tuple[str, str]:
-    """``src/tokenflow`` at git revision ``rev`` in a temporary directory: ``(src path,
-    "short hash subject")``.
+    """``src/tokenflow`` at git revision ``rev`` in a temporary directory: ``(src path, short
+    hash)``.
 
     Raises:
         RuntimeError: when git or the revision is not available.
     """
     root = Path(__file__).resolve().parent.parent
     try:
-        described = subprocess.run(["git", "log", "-1", "--format=%h %s", rev], cwd=root,
+        described = subprocess.run(["git", "log", "-1", "--format=%h", rev], cwd=root,
                                    capture_output=True, text=True, check=True).stdout.strip()
         archive = subprocess.run(["git", "archive", "--format=tar", rev, "src/tokenflow"],
                                  cwd=root, capture_output=True, check=True).stdout
@@ -575,12 +575,11 @@ def write_report(throughput: dict[str, dict[str, Any]], roundtrip: dict[str, dic
     if baseline is not None and BASELINE_ROW in throughput:
         sealed = throughput["a. TcpMesh / TcpAllocator"]["mb_s"]
         clear = throughput[BASELINE_ROW]["mb_s"]
-        lines += ["", f"Sealing every frame: {clear:,.0f} MB/s before (row a0, {baseline}) and "
+        lines += ["", f"Sealing every frame: {clear:,.0f} MB/s before (row a0, commit {baseline}) and "
                       f"{sealed:,.0f} MB/s after (row a), {sealed / clear:.0%} of the mesh in the "
                       f"clear, measured in the same session; target ≥ {THROUGHPUT_TARGET:,.0f} "
                       f"MB/s {met(sealed >= THROUGHPUT_TARGET)}."]
     lines += [
-        "",
         "",
         f"## Epoch round trip (2 workers, input -> exchange -> probe, {args.epochs} epochs "
         f"after {WARMUP_EPOCHS} warm-up)",
