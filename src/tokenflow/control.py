@@ -20,9 +20,13 @@ Commands (driver -> workers) and replies (workers -> driver):
     of the worker's sources, or None without sources) and ``granularity`` (the least common
     multiple of its sources' epoch lengths: the common pause epoch must be a boundary of all).
 ``pause_at`` ``epoch``
-    sources emit everything before ``epoch`` and nothing at or after it; the worker then
-    steps until its sources hold at ``epoch`` and it has nothing to do, and replies ``idle``
-    with its ``Traffic`` counters (``sent``, ``received``) — and then waits, not stepping,
+    sources emit everything before ``epoch`` and nothing at or after it; the worker steps on
+    and replies ``paused`` once all its sources hold at ``epoch`` (worker code feeding an
+    ``InputHandle`` may need other workers to step to get there, e.g. waiting on a probe, so
+    nobody blocks yet).
+``drain``
+    (once every worker is paused) the worker steps until it has nothing to do, then replies
+    ``idle`` with its ``Traffic`` counters (``sent``, ``received``) — and waits, not stepping,
     for the verdict:
 ``continue``
     not quiescent yet (the job's records sent and received differ): step and reply ``idle``
@@ -117,9 +121,12 @@ class QueueLink:
 class CoordinatorHub:
     """A ``Hub`` over the driver's ``Coordinator`` (process and spark runtimes)."""
 
-    def __init__(self, coordinator: Any, connect_timeout: float = 60.0) -> None:
+    def __init__(self, coordinator: Any, connect_timeout: float = 60.0,
+                 alive: Callable[[], bool] | None = None) -> None:
         self.coordinator = coordinator
         self.connect_timeout = connect_timeout
+        self.alive = alive
+        """Whether the job still runs (a worker of an ended job never connects)."""
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send to ``worker``, waiting up to ``connect_timeout`` s for it to connect (workers
@@ -130,6 +137,9 @@ class CoordinatorHub:
         """
         deadline = time.monotonic() + self.connect_timeout
         while worker not in self.coordinator.connected():
+            if self.alive is not None and not self.alive():
+                raise ControlError(f"the job ended before worker {worker} connected to the "
+                                   "coordinator (nothing left to snapshot?)")
             if time.monotonic() > deadline:
                 raise ControlError(f"worker {worker} did not connect to the coordinator within "
                                    f"{self.connect_timeout} s")
@@ -155,20 +165,27 @@ class ControlAgent:
         self.link = link
         self.wait = wait
         self.pause_epoch: int | None = None
+        self.announced = False  # told the driver that every source holds at the pause
+        self.draining = False  # the driver asked for idle reports
         self.stopped = False
 
     def __call__(self, worker: Any) -> None:
         message: dict[str, Any] | None = self.link.poll(0.0)
         while message is not None:
             message = self._handle(worker, message)
-        if self.pause_epoch is not None and self._drained(worker):
+        if self.pause_epoch is None:
+            return
+        if not self.announced and self._paused(worker):
+            self.announced = True
+            self.link.send({"kind": "paused", "worker": worker.index, "epoch": self.pause_epoch})
+        if self.draining and self._paused(worker) and worker.activations.is_empty():
             self._report_idle(worker)
 
     def _sources(self, worker: Any) -> list[Any]:
         return list(getattr(worker, "sources", {}).values())
 
-    def _drained(self, worker: Any) -> bool:
-        return all(s.paused for s in self._sources(worker)) and worker.activations.is_empty()
+    def _paused(self, worker: Any) -> bool:
+        return all(s.paused for s in self._sources(worker))
 
     def _report_idle(self, worker: Any) -> None:
         """Reply ``idle`` and wait, without stepping, for the verdict."""
@@ -204,6 +221,9 @@ class ControlAgent:
             for source in self._sources(worker):
                 source.pause_at(epoch)
             self.pause_epoch = epoch
+            self.announced = self.draining = False
+        elif kind == "drain":
+            self.draining = True
         elif kind == "continue":
             return None
         elif kind == "snapshot":
@@ -216,10 +236,12 @@ class ControlAgent:
             return self._await(worker)
         elif kind == "resume":
             self.pause_epoch = None
+            self.draining = False
             for source in self._sources(worker):
                 source.resume()
         elif kind == "stop":
             self.pause_epoch = None
+            self.draining = False
             self.stopped = True
             worker.stop()
         else:
@@ -227,19 +249,26 @@ class ControlAgent:
         return None
 
 
-def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float) -> dict[int, dict[str, Any]]:
+def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
+            alive: Callable[[], bool] | None = None) -> dict[int, dict[str, Any]]:
     """One reply of ``kind`` from each of ``workers``.
 
     Raises:
-        ControlError: a reply of another kind, or none within ``timeout`` seconds.
+        ControlError: a reply of another kind, none within ``timeout`` seconds, or the job
+            ended (``alive()`` false) before every worker replied.
     """
     waiting = set(workers)
     replies: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while waiting:
         left = deadline - time.monotonic()
-        message = hub.receive(max(0.0, left)) if left > 0 else None
+        message = hub.receive(min(0.1, left)) if left > 0 else None
         if message is None:
+            if left > 0 and (alive is None or alive()):
+                continue
+            if left > 0:
+                raise ControlError(f"the job ended before workers {sorted(waiting)} sent "
+                                   f"{kind!r} (nothing left to snapshot?)")
             raise ControlError(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
         if message.get("kind") != kind:
             raise ControlError(f"expected {kind!r} replies, worker {message.get('worker')} sent {message!r}")
@@ -253,17 +282,19 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float) -> dict
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
                   stop: bool = True, timeout: float = 60.0,
-                  on_epoch: Callable[[int], None] | None = None) -> int:
+                  on_epoch: Callable[[int], None] | None = None,
+                  alive: Callable[[], bool] | None = None) -> int:
     """Pause every source at a common epoch, wait for quiescence, write and commit the
-    snapshot, then stop the job (or resume it).  Returns the snapshot's epoch.
+    snapshot, then stop the job (or resume it).  Returns the snapshot's epoch.  ``alive()``
+    tells whether the job still runs (a job that ends cannot answer).
 
     Raises:
-        ControlError: a worker does not answer within ``timeout`` seconds.
+        ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
         SnapshotError: a worker's part cannot be committed.
     """
     for w in workers:
         hub.send(w, {"kind": "hold"})
-    held = _gather(hub, "held", workers, timeout)
+    held = _gather(hub, "held", workers, timeout, alive)
     points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
@@ -272,8 +303,11 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         on_epoch(epoch)
     for w in workers:
         hub.send(w, {"kind": "pause_at", "epoch": epoch})
+    _gather(hub, "paused", workers, timeout, alive)
+    for w in workers:  # every source holds at the pause: no worker waits on another's input
+        hub.send(w, {"kind": "drain"})
     while True:
-        idle = _gather(hub, "idle", workers, timeout)
+        idle = _gather(hub, "idle", workers, timeout, alive)
         sent = sum(int(r["sent"]) for r in idle.values())
         received = sum(int(r["received"]) for r in idle.values())
         if sent == received:
@@ -282,7 +316,7 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
             hub.send(w, {"kind": "continue"})
     for w in workers:
         hub.send(w, {"kind": "snapshot", "root": root, "job": job, "epoch": epoch})
-    written = _gather(hub, "written", workers, timeout)
+    written = _gather(hub, "written", workers, timeout, alive)
     parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]))
              for w, r in sorted(written.items())]
     commit_snapshot(root, job=job, epoch=epoch, bins=routing.bins, routing=routing, parts=parts)

@@ -107,6 +107,8 @@ class JobHandle:
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(run,), daemon=True,
                                         name="tokenflow-job")
+        if hasattr(hub, "alive"):
+            hub.alive = self._thread.is_alive
         self._thread.start()
 
     def _run(self, run: Callable[[], list[Any]]) -> None:
@@ -123,14 +125,14 @@ class JobHandle:
         """Snapshot the job at an epoch boundary under ``root``; returns the epoch.
 
         Raises:
-            ControlError: a worker did not answer within ``timeout`` s (e.g. the job ended or
-                failed; ``result()`` then names the failure).
+            ControlError: a worker did not answer within ``timeout`` s, or the job ended before
+                it could be snapshotted (``result()`` then has its results or its failure).
             SnapshotError: the snapshot could not be committed.
         """
         from tokenflow.control import take_snapshot
 
         return take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
-                             self.spec.table, stop=stop, timeout=timeout)
+                             self.spec.table, stop=stop, timeout=timeout, alive=self._thread.is_alive)
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The per-worker results once the job ends.

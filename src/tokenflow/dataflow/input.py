@@ -39,7 +39,7 @@ class InputHandle:
     """
 
     __slots__ = ("_output", "_metrics", "_cap", "_activate", "_buffer", "name", "_worker",
-                 "_start", "_pause", "_sent_at_time", "__weakref__")
+                 "_start", "_pause", "_sent_at_time", "_user_time", "__weakref__")
 
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
                  name: str, metrics: dict[str, int] | None = None, worker: Any = None,
@@ -54,6 +54,9 @@ class InputHandle:
         self._start = start  # a restored job's epoch: input before it is in the snapshot
         self._pause: Any = None
         self._sent_at_time = False  # something was sent at the current epoch
+        self._user_time = capability.time  # the epoch the worker code is at
+        if start is not None and not less_equal(start, capability.time):
+            capability.downgrade(start)  # restored: the input starts at the snapshot's epoch
 
     @property
     def time(self) -> Any:
@@ -117,10 +120,13 @@ class InputHandle:
             CapabilityError: when ``time`` is earlier than the current epoch, or after close.
         """
         cap = self._live()
-        if not less_equal(cap.time, time):
+        if not less_equal(self._user_time, time):
             raise CapabilityError(
-                f"input {self.name!r}: cannot advance from epoch {cap.time!r} to {time!r}"
+                f"input {self.name!r}: cannot advance from epoch {self._user_time!r} to {time!r}"
             )
+        self._user_time = time
+        if self._start is not None and not less_equal(self._start, time):
+            return  # replaying what the snapshot holds: the input stays at its epoch
         self.flush()
         while self._pause is not None and not less_equal(time, self._pause):
             self._hold()  # a snapshot pause: wait at the pause epoch until resumed or stopped
@@ -140,9 +146,7 @@ class InputHandle:
 
     def _replayed(self) -> bool:
         """True while the current epoch is before a restored job's start (drop the input)."""
-        cap = self._cap
-        return (self._start is not None and cap is not None
-                and not less_equal(self._start, cap.time))
+        return self._start is not None and not less_equal(self._start, self._user_time)
 
     def _wait_if_paused(self) -> None:
         """Before sending at the current epoch: hold while it is at or after a pause epoch."""

@@ -262,12 +262,14 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         worker, peers = info.worker_index, info.peers
         state = info.state("watermark", held_watermark())
-        if state.value is not None:  # restored: hold the token at the old watermark
+        restored = state.value is not None
+        if restored:  # hold the token at the old watermark
             token = capability.delayed(state.value)
             capability.drop()
             capability = token
         state.value = capability.time
         holder: list[Capability | None] = [capability]  # the output-watermark token
+        sent: list[int | None] = [None]  # the last watermark this run sent
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for ref, batch in input:
@@ -277,9 +279,14 @@ def assign_watermarks(stream: Stream, name: str = "AssignWatermarks") -> Stream:
                 return
             frontier = input.frontier.frontier()
             wm = MAX_WATERMARK if not frontier else check_int_time(min(frontier), name)
-            if wm > cap.time:
-                cap.downgrade(wm)
+            # A restored operator also sends its restored watermark once its input reaches it:
+            # consumers on workers that restored no tracker state (a job restored at more
+            # workers) start from the least time and need every upstream worker's watermark.
+            if wm > cap.time or (restored and sent[0] is None and wm == cap.time):
+                if wm > cap.time:
+                    cap.downgrade(wm)
                 state.value = wm
+                sent[0] = wm
                 output.give_batch(cap, broadcast_copies(wm, worker, peers))
             if wm == MAX_WATERMARK:
                 cap.drop()
