@@ -56,9 +56,11 @@ def first_epoch() -> int:
 
 
 @pytest.mark.parametrize(("name", "before", "after", "pause"), [
-    ("q3", 2, 3, 9), ("q4", 2, 3, 12), ("q4", 3, 2, 20), ("q5", 2, 4, 14), ("q5", 3, 2, 7),
-    ("q7", 2, 3, 15), ("q8", 2, 3, 11), ("q8", 2, 4, 22),
-])
+    (name, before, after, pause)
+    for name, pauses in (("q3", (9, 17, 24)), ("q4", (12, 20, 6)), ("q5", (14, 7, 21)),
+                         ("q8", (11, 22, 16)))
+    for (before, after), pause in zip(((2, 3), (3, 2), (2, 4)), pauses, strict=True)
+] + [("q7", 2, 3, 15)])
 def test_query_cold_rescale_matches_an_uninterrupted_run(tmp_path: Path, name: str, before: int,
                                                          after: int, pause: int) -> None:
     job_name = f"tests.nexmark.{name}"

@@ -1,9 +1,9 @@
 """Cold rescale of the library's stateful operators through the control plane: a job fed by
 ``InputHandle`` loops runs tumbling and sliding windows, the keyed watermark window, a
-``stateful_unary`` and a ``state_machine``; it is snapshotted at an epoch chosen by the control
-plane, stopped, and restored at another worker count.  Every operator's output over both runs
-equals an uninterrupted run's.  (Reduces emit per record or per key, so that the output does
-not depend on how records are spread over workers.)"""
+``stateful_unary``, a ``state_machine`` and a ``stateful_binary``; it is snapshotted at an
+epoch chosen by the control plane, stopped, and restored at another worker count.  Every
+operator's output over both runs equals an uninterrupted run's.  (Reduces emit per record or
+per key, so that the output does not depend on how records are spread over workers.)"""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from tokenflow import execute
 from tokenflow.dataflow.input import JobStopped
-from tokenflow.dataflow.operators.stateful import state_machine, stateful_unary
+from tokenflow.dataflow.operators.stateful import state_machine, stateful_binary, stateful_unary
 from tokenflow.dataflow.operators.watermark import (
     assign_watermarks,
     strip_watermarks,
@@ -35,6 +35,7 @@ cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 EPOCHS = 40
 NAME = "tests.library-operators"
+OPERATORS = 6
 Record = tuple[int, int, int]  # (epoch, key, value)
 
 
@@ -61,6 +62,16 @@ def running_sum(t: int, records: list[Record], state: Any, session: Any) -> None
         session.give((k, state[k]))
 
 
+def joined_sums(t: int, left: list[Record], right: list[Record], state: Any, session: Any) -> None:
+    """Per key, running sums of the values on each side (both sides' records of one time)."""
+    for side, rows in ((0, left), (1, right)):
+        for _, k, v in sorted(rows):
+            sums = state.setdefault(k, [0, 0])
+            sums[side] += v
+    for k in sorted({r[1] for r in left} | {r[1] for r in right}):
+        session.give((k, tuple(state[k])))
+
+
 def build(scope: Any) -> tuple[Any, list[Any], list[Any]]:
     handle, stream = scope.new_input("records")
     keyed = stream.exchange(lambda r: r[1])
@@ -74,6 +85,8 @@ def build(scope: Any) -> tuple[Any, list[Any], list[Any]]:
         # time's records (a running sum's intermediate values would)
         state_machine(stream.map(lambda r: (r[1], 1)),
                       lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)])),
+        stateful_binary(stream.filter(lambda r: r[2] % 2 == 0), stream.filter(lambda r: r[2] % 2 == 1),
+                        joined_sums, key_left=lambda r: r[1], key_right=lambda r: r[1]),
     ]
     return handle, [o.probe() for o in outputs], [o.capture() for o in outputs]
 
@@ -100,7 +113,7 @@ def job_for(epochs: list[list[Record]], delay: float = 0.0) -> Any:
 
 
 def merged(*runs: list[list[Counter[Any]]]) -> list[Counter[Any]]:
-    out = [Counter() for _ in range(5)]
+    out = [Counter() for _ in range(OPERATORS)]
     for results in runs:
         for per_operator in results:
             for i, counts in enumerate(per_operator):
