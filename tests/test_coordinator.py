@@ -8,10 +8,17 @@
   and the CLI's table renders; a frame that is not msgpack is refused naming why.
 * Refusals are logged rate-limited, with a count.
 * Heartbeats and ``Liveness``.
+* The link's protocol, checked by a client written from the module docstring of
+  ``tokenflow.coordinator``: the token never travels, and a relay between a real ``Reporter``
+  and the coordinator can neither inject (in the clear or posing as sealed), nor replay frames
+  in either direction: the receiver logs the refusal, drops the connection and delivers
+  nothing; a wrong token is refused on both sides.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import io
 import json
 import logging
@@ -29,9 +36,12 @@ from typing import Any
 
 import msgpack
 import pytest
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from rich.console import Console
 
 from tokenflow.cli import progress_table
+from tokenflow.comm.frames import FrameOpener, FrameSealer
 from tokenflow.coordinator import MAX_PENDING, Coordinator, Liveness, Reporter
 
 VALID = {"worker": 0, "steps": 3, "elapsed": 1.5, "records_in": 30,
@@ -68,10 +78,68 @@ class FakeWorker:
         return {"D": {"1:A": [5]}}
 
 
-def authenticated(coordinator: Coordinator) -> socket.socket:
-    sock = socket.create_connection(coordinator.address, timeout=5)
-    sock.sendall(frame({"token": coordinator.token}))
-    return sock
+def read_hello(sock: socket.socket) -> dict[str, Any]:
+    def exactly(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = sock.recv(n - len(buf))
+            assert chunk, "closed"
+            buf += chunk
+        return buf
+    (n,) = struct.unpack("!I", exactly(4))
+    reply = msgpack.unpackb(exactly(n))
+    assert isinstance(reply, dict)
+    return reply
+
+
+def parts(*items: bytes | str) -> bytes:
+    out = b""
+    for item in items:
+        data = item.encode() if isinstance(item, str) else item
+        out += struct.pack("!I", len(data)) + data
+    return out
+
+
+KIND_MESSAGE = 32
+
+
+class Client:
+    """The worker's side of the link, from the module docstring of ``tokenflow.coordinator``."""
+
+    def __init__(self, coordinator: Coordinator, token: str | None = None) -> None:
+        token = coordinator.token if token is None else token
+        self.sock = socket.create_connection(coordinator.address, timeout=5)
+        key = HKDF(hashes.SHA256(), 32, None, b"tokenflow coordinator v2 auth").derive(token.encode())
+        nonce_w = os.urandom(16)
+        self.sock.sendall(frame({"v": 2, "nonce": nonce_w}))
+        reply = read_hello(self.sock)
+        nonce_c = reply["nonce"]
+        expected = hmac.new(key, parts("coordinator accept", nonce_w, nonce_c), hashlib.sha256).digest()
+        self.genuine = hmac.compare_digest(reply["mac"], expected)
+        self.sock.sendall(frame({"mac": hmac.new(key, parts("coordinator connect", nonce_c, nonce_w),
+                                                 hashlib.sha256).digest()}))
+        keys = HKDF(hashes.SHA256(), 64, nonce_w + nonce_c,
+                    parts("tokenflow coordinator v2 keys")).derive(token.encode())
+        self.sealer, self.opener = FrameSealer(keys[:32]), FrameOpener(keys[32:])
+
+    def send_payload(self, payload: bytes) -> None:
+        self.sock.sendall(self.sealer.seal_control(KIND_MESSAGE, payload))
+
+    def send(self, obj: Any) -> None:
+        self.send_payload(msgpack.packb(obj))
+
+    def read(self) -> dict[str, Any]:
+        kind, _, payload = self.opener.read(self.sock, 1 << 16)
+        assert kind == KIND_MESSAGE
+        reply = msgpack.unpackb(bytes(payload))
+        assert isinstance(reply, dict)
+        return reply
+
+
+def authenticated(coordinator: Coordinator) -> Client:
+    client = Client(coordinator)
+    assert client.genuine
+    return client
 
 
 # -- slow and silent connections -----------------------------------------------------------------
@@ -114,14 +182,19 @@ def test_a_thousand_slow_connections_cost_bounded_threads_and_fds() -> None:
         coordinator.close()
 
 
-def test_the_hello_has_one_deadline() -> None:
+@pytest.mark.parametrize("step", [1, 2])
+def test_the_hello_has_one_deadline(step: int) -> None:
     """A hello trickling in a byte every 0.2 s is cut off at the deadline (1 s here), not
-    kept alive by each byte."""
+    kept alive by each byte; the deadline covers both of the worker's frames."""
     coordinator = Coordinator(hello_timeout=1.0)
     try:
         sock = socket.create_connection(coordinator.address, timeout=5)
         start = time.monotonic()
-        hello = frame({"token": "x" * 64})
+        hello = frame({"v": 2, "nonce": os.urandom(16)})
+        if step == 2:
+            sock.sendall(hello)
+            read_hello(sock)
+            hello = frame({"mac": os.urandom(32)})
         closed = None
         for byte in hello:
             try:
@@ -212,11 +285,11 @@ def test_a_malformed_report_is_refused_and_the_table_renders(
     coordinator = Coordinator()
     try:
         with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
-            sock = authenticated(coordinator)
-            sock.sendall(frame({**VALID, field: value}))
-            sock.sendall(frame({**VALID, "worker": 1}))  # the connection goes on
+            client = authenticated(coordinator)
+            client.send({**VALID, field: value})
+            client.send({**VALID, "worker": 1})  # the connection goes on
             assert wait_until(lambda: 1 in coordinator.reports, 5)
-            sock.close()
+            client.sock.close()
         assert 0 not in coordinator.reports
         assert coordinator.refused == 1
         assert reason in caplog.text
@@ -248,10 +321,10 @@ def test_a_frame_that_is_not_a_msgpack_map_is_refused_naming_why(
     coordinator = Coordinator()
     try:
         with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
-            sock = authenticated(coordinator)
-            sock.sendall(struct.pack("!I", len(payload)) + payload)
-            assert sock.recv(1) == b""  # closed by the coordinator
-            sock.close()
+            client = authenticated(coordinator)
+            client.send_payload(payload)
+            assert client.sock.recv(1) == b""  # closed by the coordinator
+            client.sock.close()
             assert wait_until(lambda: coordinator.refused == 1, 5)
         assert reason in caplog.text
     finally:
@@ -263,10 +336,10 @@ def test_refusals_are_logged_rate_limited_with_a_count(caplog: pytest.LogCapture
     try:
         with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
             for _ in range(30):
-                sock = socket.create_connection(coordinator.address, timeout=5)
-                sock.sendall(frame({"token": "wrong"}))
-                sock.recv(1)
-                sock.close()
+                client = Client(coordinator, token="wrong")
+                assert not client.genuine  # the coordinator's MAC is under the real token
+                assert client.sock.recv(1) == b""
+                client.sock.close()
             assert wait_until(lambda: coordinator.refused == 30, 5)
         lines = [r.getMessage() for r in caplog.records if r.name == "tokenflow.coordinator"]
         assert len(lines) == 1 and "bad token" in lines[0], lines
@@ -307,3 +380,252 @@ def test_liveness() -> None:
     assert live.stalled(now=130.5) == (0, "stalled: no heartbeat for 20.5 s")
     live.beat(0, at=130.0)
     assert live.stalled(now=131.0) == (2, "stalled: no heartbeat 31.0 s after the first worker's")
+
+
+# -- the link against an on-path attacker --------------------------------------------------------
+
+
+class Relay:
+    """A TCP relay between one worker and the coordinator that records what it forwards in
+    each direction and can inject bytes into either."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.to_coordinator = bytearray()
+        self.to_worker = bytearray()
+        self.worker_side: socket.socket | None = None
+        self.coordinator_side: socket.socket | None = None
+        self.lock = threading.Lock()
+        threading.Thread(target=self._run, daemon=True).start()
+
+    def endpoint(self, token: str) -> tuple[str, int, str]:
+        return "127.0.0.1", self.port, token
+
+    def _run(self) -> None:
+        worker, _ = self.listener.accept()
+        coordinator = socket.create_connection(self.target)
+        self.worker_side, self.coordinator_side = worker, coordinator
+        threading.Thread(target=self._pump, args=(worker, coordinator, self.to_coordinator),
+                         daemon=True).start()
+        self._pump(coordinator, worker, self.to_worker)
+
+    def _pump(self, src: socket.socket, dst: socket.socket, captured: bytearray) -> None:
+        while True:
+            try:
+                data = src.recv(65536)
+            except OSError:
+                data = b""
+            with self.lock:
+                if not data:  # one side closed: close the other
+                    for sock in (src, dst):
+                        try:
+                            sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                    return
+                captured += data
+                try:
+                    dst.sendall(data)
+                except OSError:
+                    pass
+
+    def inject(self, towards: str, data: bytes) -> None:
+        with self.lock:
+            sock = self.coordinator_side if towards == "coordinator" else self.worker_side
+            assert sock is not None
+            sock.sendall(data)
+
+    def wire(self) -> bytes:
+        with self.lock:
+            return bytes(self.to_coordinator + self.to_worker)
+
+    def close(self) -> None:
+        self.listener.close()
+        for sock in (self.worker_side, self.coordinator_side):
+            if sock is not None:
+                sock.close()
+
+
+def through_relay(coordinator: Coordinator) -> tuple[Relay, Reporter]:
+    relay = Relay(coordinator.address)
+    reporter = Reporter(relay.endpoint(coordinator.token))
+    assert reporter.sock is not None
+    reporter(FakeWorker(), force=True)
+    assert wait_until(lambda: 0 in coordinator.reports, 5)
+    return relay, reporter
+
+
+def assert_token_not_on_the_wire(relay: Relay, token: str) -> None:
+    wire = relay.wire()
+    assert wire, "nothing was relayed"
+    assert token.encode() not in wire and bytes.fromhex(token) not in wire
+
+
+def test_the_token_never_travels_and_frames_are_sealed() -> None:
+    coordinator = Coordinator()
+    relay, reporter = through_relay(coordinator)
+    try:
+        reporter.send({"kind": "idle", "worker": 0, "sent": 12345678, "received": 1})
+        assert coordinator.inbox.get(timeout=5)["sent"] == 12345678
+        coordinator.send(0, {"kind": "pause_at", "epoch": 4242, "note": "secret-plan"})
+        assert reporter.poll(timeout=5) == {"kind": "pause_at", "epoch": 4242, "note": "secret-plan"}
+        assert coordinator.reports[0]["records_in"] == 70
+        assert_token_not_on_the_wire(relay, coordinator.token)
+        wire = relay.wire()
+        for clear in (b"records_in", b"frontiers", b"secret-plan", b"pause_at", b"idle"):
+            assert clear not in wire, clear  # confidentiality: no payload in the clear
+        assert coordinator.refused == 0
+    finally:
+        reporter.close()
+        relay.close()
+        coordinator.close()
+
+
+FORGED_REPORT = {**VALID, "records_in": 999}
+FORGED_COMMAND = {"kind": "stop", "reason": "maintenance window"}
+
+
+def forged(obj: dict[str, Any], how: str) -> bytes:
+    """``obj`` as the old link's frame in the clear, or sealed under a key the attacker made up."""
+    if how == "clear":
+        return frame(obj)
+    return bytes(FrameSealer(os.urandom(32)).seal_control(KIND_MESSAGE, msgpack.packb(obj)))
+
+
+@pytest.mark.parametrize("how", ["clear", "sealed"])
+def test_a_relay_cannot_inject_a_report(caplog: pytest.LogCaptureFixture, how: str) -> None:
+    coordinator = Coordinator()
+    relay, reporter = through_relay(coordinator)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+            before = coordinator.snapshot()
+            relay.inject("coordinator", forged(FORGED_REPORT, how))
+            assert wait_until(lambda: coordinator.refused == 1, 5), "the forged report was not refused"
+            assert wait_until(lambda: coordinator.connected() == [], 5)  # dropped
+            time.sleep(0.1)
+            assert coordinator.snapshot() == before  # nothing forged delivered
+            assert coordinator.inbox.empty()
+            with pytest.raises(ConnectionError):  # the relay passed the coordinator's close on
+                reporter.poll(timeout=5)
+        assert "closing the connection" in caplog.text
+        assert_token_not_on_the_wire(relay, coordinator.token)
+    finally:
+        reporter.close()
+        relay.close()
+        coordinator.close()
+
+
+@pytest.mark.parametrize("how", ["clear", "sealed"])
+def test_a_relay_cannot_inject_a_command(caplog: pytest.LogCaptureFixture, how: str) -> None:
+    coordinator = Coordinator()
+    relay, reporter = through_relay(coordinator)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+            before = coordinator.snapshot()
+            relay.inject("worker", forged(FORGED_COMMAND, how))
+            with pytest.raises(ConnectionError):  # not the forged command
+                reporter.poll(timeout=5)
+            assert reporter.sock is None  # dropped
+            assert "refused a frame from the coordinator" in caplog.text
+            assert wait_until(lambda: coordinator.connected() == [], 5)
+            assert coordinator.snapshot() == before and coordinator.inbox.empty()
+        assert_token_not_on_the_wire(relay, coordinator.token)
+    finally:
+        reporter.close()
+        relay.close()
+        coordinator.close()
+
+
+@pytest.mark.parametrize("towards", ["coordinator", "worker"])
+def test_a_replayed_frame_is_refused(caplog: pytest.LogCaptureFixture, towards: str) -> None:
+    coordinator = Coordinator()
+    relay, reporter = through_relay(coordinator)
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+            if towards == "coordinator":
+                mark = len(relay.to_coordinator)
+                reporter.send({"kind": "idle", "worker": 0, "sent": 1, "received": 1})
+                assert coordinator.inbox.get(timeout=5)["kind"] == "idle"
+                recorded = bytes(relay.to_coordinator[mark:])
+                relay.inject("coordinator", recorded)
+                assert wait_until(lambda: coordinator.refused == 1, 5), "the replay was taken"
+                assert wait_until(lambda: coordinator.connected() == [], 5)
+                assert coordinator.inbox.empty()
+                assert "failed its integrity check" in caplog.text
+            else:
+                mark = len(relay.to_worker)
+                coordinator.send(0, {"kind": "pause_at", "epoch": 40})
+                assert reporter.poll(timeout=5) == {"kind": "pause_at", "epoch": 40}
+                recorded = bytes(relay.to_worker[mark:])
+                relay.inject("worker", recorded)
+                with pytest.raises(ConnectionError):
+                    reporter.poll(timeout=5)
+                assert "failed its integrity check" in caplog.text
+                assert wait_until(lambda: coordinator.connected() == [], 5)
+    finally:
+        reporter.close()
+        relay.close()
+        coordinator.close()
+
+
+def test_a_wrong_token_is_refused(caplog: pytest.LogCaptureFixture) -> None:
+    coordinator = Coordinator()
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+            reporter = Reporter((*coordinator.address, "0" * 32))
+            assert reporter.sock is None  # the coordinator's MAC did not verify under this token
+            reporter(FakeWorker(), force=True)
+            assert wait_until(lambda: coordinator.refused == 1, 5)
+        assert "bad token" in caplog.text and "failed the token check" in caplog.text
+        assert coordinator.reports == {} and coordinator.connected() == []
+    finally:
+        coordinator.close()
+
+
+def test_the_old_hello_with_the_token_in_the_clear_is_refused() -> None:
+    coordinator = Coordinator()
+    try:
+        sock = socket.create_connection(coordinator.address, timeout=5)
+        sock.sendall(frame({"token": coordinator.token}))
+        try:
+            sock.sendall(frame(VALID))
+            assert sock.recv(1) == b""
+        except ConnectionResetError:  # closed with the report unread
+            pass
+        sock.close()
+        assert wait_until(lambda: coordinator.refused == 1, 5)
+        assert coordinator.reports == {}
+    finally:
+        coordinator.close()
+
+
+def test_a_reporter_refuses_a_coordinator_without_the_token(caplog: pytest.LogCaptureFixture) -> None:
+    """An impostor that answers the hello without knowing the token gets no reports."""
+    impostor = socket.create_server(("127.0.0.1", 0))
+    got = bytearray()
+
+    def serve() -> None:
+        conn, _ = impostor.accept()
+        with conn:
+            hello = read_hello(conn)
+            conn.sendall(frame({"nonce": os.urandom(16), "mac": os.urandom(32)}))
+            conn.settimeout(2)
+            got.extend(msgpack.packb(hello))
+            try:
+                while chunk := conn.recv(65536):
+                    got.extend(chunk)
+            except OSError:
+                pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    token = "ab" * 16
+    with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+        reporter = Reporter(("127.0.0.1", impostor.getsockname()[1], token))
+        reporter(FakeWorker(), force=True)
+    thread.join(5)
+    impostor.close()
+    assert reporter.sock is None and "failed the token check" in caplog.text
+    assert b"records_in" not in got and token.encode() not in got

@@ -2,12 +2,30 @@
 
 Source: docs/ARCHITECTURE.md ("Execution model": the driver runs a coordinator to which
 workers report frontiers and metrics, and through which checkpoint and rescale commands flow;
-"Security": the coordinator faces the network and never unpickles).  Frames are a 4-byte
-big-endian length and a msgpack map of at most ``MAX_REPORT`` bytes, and a connection must
-present the job's token in its first frame (the *hello*, at most ``MAX_HELLO`` bytes, within
-``HELLO_TIMEOUT`` seconds of the connection for the whole frame).  The connection is two-way:
-after the hello the worker sends reports, heartbeats and control replies, the coordinator sends
-commands (``tokenflow.control``).
+"Security": the coordinator faces the network and never unpickles; docs/SECURITY.md, "The
+coordinator link").  The connection is two-way: the worker sends reports, heartbeats and
+control replies, the coordinator sends commands (``tokenflow.control``).
+
+Handshake (the *hello*): three frames of a 4-byte big-endian length and a msgpack map of at most
+``MAX_HELLO`` bytes each, all within ``HELLO_TIMEOUT`` seconds of the connection (one deadline
+for the whole exchange).  ``Nw`` and ``Nc`` are fresh 16-byte nonces of the worker and the
+coordinator, ``A`` = HKDF-SHA256(the job's token, info "tokenflow coordinator v2 auth"), and
+``MAC`` HMAC-SHA256 keyed with ``A`` over length-prefixed parts
+(``tokenflow.comm.auth._mac``); the token itself never travels:
+
+1. worker → coordinator  ``{"v": 2, "nonce": Nw}``
+2. coordinator → worker  ``{"nonce": Nc, "mac": MAC("coordinator accept"|Nw|Nc)}``
+3. worker → coordinator  ``{"mac": MAC("coordinator connect"|Nc|Nw)}``
+
+The worker checks the coordinator's MAC (a party without the token cannot pose as the
+coordinator), the coordinator the worker's.  Both then hold ``derive_keys``: HKDF-SHA256 of the
+token salted with ``Nw|Nc``, one AES-256-GCM key per direction, fresh for every connection.
+Every later frame in either direction is a *sealed* mesh frame (``tokenflow.comm.frames``:
+16-byte header as associated data, payload encrypted, 16-byte tag, the nonce the frame's
+sequence number in its direction) of kind ``KIND_MESSAGE`` whose payload is a msgpack map of at
+most ``MAX_REPORT`` bytes.  A forged, altered, replayed, reordered or dropped frame fails its
+tag check; the receiver then logs the refusal and closes the connection, and nothing of the
+frame is decoded.
 
 Report shape (msgpack map; every field is checked, a report that fails is refused and logged)::
 
@@ -38,6 +56,7 @@ import errno
 import hmac
 import logging
 import math
+import os
 import queue
 import secrets
 import select
@@ -51,15 +70,26 @@ from collections.abc import Callable
 from typing import Any
 
 import msgpack
+from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
+from tokenflow.comm.auth import NONCE_SIZE, _mac, _parts
+from tokenflow.comm.frames import KEY_SIZE, FrameOpener, FrameSealer
+from tokenflow.comm.frames import FrameError as SealedFrameError
 
 log = logging.getLogger("tokenflow.coordinator")
 
 MAX_REPORT = 64 * 1024
 """Largest frame payload (bytes) after the hello."""
 MAX_HELLO = 4096
-"""Largest hello payload (bytes)."""
+"""Largest payload (bytes) of each of the hello's frames."""
 HELLO_TIMEOUT = 10.0
-"""Seconds a new connection has to deliver its whole hello."""
+"""Seconds a new connection has to complete its whole hello (both of its frames)."""
+PROTOCOL_VERSION = 2
+"""Coordinator protocol (1: the token in the hello and every frame in the clear; 2: a nonce
+exchange authenticated with the token, then sealed frames)."""
+KIND_MESSAGE = 32
+"""Kind of the sealed frames after the hello (their payload is one msgpack map)."""
 MAX_PENDING = 128
 """Connections without a hello kept at once (the oldest is dropped for a new one)."""
 ACCEPT_BATCH = 16
@@ -74,6 +104,8 @@ DEFAULT_HEARTBEAT_TIMEOUT = 10.0
 """Seconds without a heartbeat after which the driver declares a worker stalled."""
 _LEN = struct.Struct("!I")
 _RESOURCE_ERRNOS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
+_AUTH_INFO = b"tokenflow coordinator v2 auth"
+_KEY_INFO = "tokenflow coordinator v2 keys"
 
 
 class FrameError(ValueError):
@@ -117,40 +149,82 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
     return buf
 
 
-def _read(sock: socket.socket, limit: int = MAX_REPORT) -> dict[str, Any]:
-    """One frame from a blocking socket.
+def _read(sock: socket.socket, limit: int = MAX_HELLO) -> dict[str, Any]:
+    """One hello frame (length and msgpack map) from a blocking socket.
 
     Raises:
         EOFError: the connection closed; FrameError: a malformed frame; OSError.
     """
-    n = _frame_length(_recv_exactly(sock, 4), limit, "frame")
-    return _decode(_recv_exactly(sock, n), "frame")
+    n = _frame_length(_recv_exactly(sock, 4), limit, "hello")
+    return _decode(_recv_exactly(sock, n), "hello")
 
 
 def _write(sock: socket.socket, obj: dict[str, Any]) -> None:
+    """Send one hello frame."""
     data = msgpack.packb(obj)
     sock.sendall(_LEN.pack(len(data)) + data)
 
 
-class _Stream:
-    """Frames from a blocking socket, starting with bytes already read (after the hello)."""
+# -- keys and sealed frames ------------------------------------------------------------------
 
-    def __init__(self, sock: socket.socket, buffer: bytes = b"") -> None:
+
+def auth_key(token: str) -> bytes:
+    """The hello's MAC key: HKDF-SHA256 of the token (no salt, info
+    "tokenflow coordinator v2 auth")."""
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_AUTH_INFO).derive(token.encode())
+
+
+def derive_keys(token: str, nonce_w: bytes, nonce_c: bytes) -> tuple[bytes, bytes]:
+    """The connection's two 32-byte frame keys: ``(worker → coordinator, coordinator →
+    worker)``: HKDF-SHA256 of the token, salted with ``Nw|Nc``, info the length-prefixed
+    ``"tokenflow coordinator v2 keys"``, 64 bytes split in two."""
+    okm = HKDF(algorithm=hashes.SHA256(), length=2 * KEY_SIZE, salt=nonce_w + nonce_c,
+               info=_parts(_KEY_INFO)).derive(token.encode())
+    return okm[:KEY_SIZE], okm[KEY_SIZE:]
+
+
+def _hello_nonce(msg: dict[str, Any]) -> bytes:
+    nonce = msg.get("nonce")
+    if not isinstance(nonce, bytes) or len(nonce) != NONCE_SIZE:
+        raise PermissionError(f"hello without a {NONCE_SIZE}-byte nonce")
+    return nonce
+
+
+def _hello_mac(msg: dict[str, Any]) -> bytes:
+    mac = msg.get("mac")
+    return mac if isinstance(mac, bytes) else b""
+
+
+def _read_sealed(sock: socket.socket, opener: FrameOpener) -> dict[str, Any]:
+    """The next sealed frame's map; nothing is decoded before its tag verified.
+
+    Raises:
+        tokenflow.comm.frames.FrameError: bad magic, not sealed, over ``MAX_REPORT``, or
+            (``FrameIntegrityError``) a failed tag check.
+        FrameError: a verified frame of another kind or whose payload is not a msgpack map.
+        EOFError, OSError.
+    """
+    kind, _, payload = opener.read(sock, MAX_REPORT)
+    if kind != KIND_MESSAGE:
+        raise FrameError(f"frame of kind {kind}, expected {KIND_MESSAGE}")
+    return _decode(bytes(payload), "frame")
+
+
+class _Channel:
+    """An authenticated connection: its socket and its two directions' keys."""
+
+    __slots__ = ("sock", "sealer", "opener", "lock")
+
+    def __init__(self, sock: socket.socket, sealer: FrameSealer, opener: FrameOpener) -> None:
         self.sock = sock
-        self.buffer = buffer
+        self.sealer = sealer
+        self.opener = opener
+        self.lock = threading.Lock()  # seal and send as one step (frames in sequence order)
 
-    def _take(self, n: int) -> bytes:
-        while len(self.buffer) < n:
-            chunk = self.sock.recv(max(65536, n - len(self.buffer)))
-            if not chunk:
-                raise EOFError("connection closed")
-            self.buffer += chunk
-        out, self.buffer = self.buffer[:n], self.buffer[n:]
-        return out
-
-    def read(self) -> dict[str, Any]:
-        n = _frame_length(self._take(4), MAX_REPORT, "frame")
-        return _decode(self._take(n), "frame")
+    def send(self, message: dict[str, Any]) -> None:
+        data = msgpack.packb(message)
+        with self.lock:
+            self.sock.sendall(self.sealer.seal_control(KIND_MESSAGE, data))
 
 
 # -- validation ------------------------------------------------------------------------------
@@ -274,13 +348,18 @@ class _Throttled:
 
 
 class _Pending:
-    __slots__ = ("sock", "addr", "deadline", "buffer")
+    """A connection whose hello is not complete: the bytes of its current hello frame and,
+    once its first frame came, both nonces."""
+
+    __slots__ = ("sock", "addr", "deadline", "buffer", "nonce_w", "nonce_c")
 
     def __init__(self, sock: socket.socket, addr: Any, deadline: float) -> None:
         self.sock = sock
         self.addr = addr
         self.deadline = deadline
         self.buffer = b""
+        self.nonce_w: bytes | None = None
+        self.nonce_c: bytes | None = None
 
 
 def _where(addr: Any) -> str:
@@ -307,6 +386,7 @@ class Coordinator:
     def __init__(self, host: str = "127.0.0.1", token: str | None = None,
                  max_pending: int = MAX_PENDING, hello_timeout: float = HELLO_TIMEOUT) -> None:
         self.token = token or secrets.token_hex(16)
+        self._auth_key = auth_key(self.token)
         self._sock = socket.create_server((host, 0), backlog=1024)
         self._sock.setblocking(False)
         self.address: tuple[str, int] = self._sock.getsockname()[:2]
@@ -317,9 +397,8 @@ class Coordinator:
         self.hello_timeout = hello_timeout
         self._refusals = _Throttled("refused")
         self._exhausted = _Throttled("cannot accept connections:")
-        self._links: dict[int, socket.socket] = {}
+        self._links: dict[int, _Channel] = {}
         self._beats: dict[str, dict[int, tuple[float, bool]]] = {}
-        self._send_lock = threading.Lock()
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._serve, daemon=True, name="tokenflow-coordinator")
@@ -344,7 +423,7 @@ class Coordinator:
     # -- serving -------------------------------------------------------------------------
 
     def _serve(self) -> None:
-        """Accept connections and read their hellos (one thread for all of them); hand each
+        """Accept connections and run their hellos (one thread for all of them); hand each
         authenticated connection to a thread of its own."""
         sel = selectors.DefaultSelector()
         pending: dict[socket.socket, _Pending] = {}  # in arrival order
@@ -438,9 +517,19 @@ class Coordinator:
 
     def _read_hello(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending],
                     entry: _Pending) -> None:
+        """Read what arrived of the current hello frame (never past its end) and act on a
+        complete one: reply to the first (module docstring, step 2), check the second's MAC
+        and hand the connection to a thread of its own."""
         try:
-            chunk = entry.sock.recv(65536)
+            if len(entry.buffer) < 4:
+                want = 4 - len(entry.buffer)
+            else:
+                want = 4 + _frame_length(entry.buffer[:4], MAX_HELLO, "hello") - len(entry.buffer)
+            chunk = entry.sock.recv(want)
         except BlockingIOError:
+            return
+        except FrameError as exc:  # pragma: no cover - checked when the length arrived
+            self._drop(sel, pending, entry, str(exc))
             return
         except OSError as exc:
             self._drop(sel, pending, entry, f"before its hello: {exc}")
@@ -455,38 +544,67 @@ class Coordinator:
             n = _frame_length(entry.buffer[:4], MAX_HELLO, "hello")
             if len(entry.buffer) < 4 + n:
                 return
-            hello = _decode(entry.buffer[4:4 + n], "hello")
-            token = hello.get("token")
-            if not isinstance(token, str) or not hmac.compare_digest(token.encode(), self.token.encode()):
+            hello = _decode(entry.buffer[4:], "hello")
+            entry.buffer = b""
+            if entry.nonce_c is None:
+                self._hello_reply(entry, hello)
+                return
+            assert entry.nonce_w is not None
+            expected = _mac(self._auth_key, "coordinator connect", entry.nonce_c, entry.nonce_w)
+            if not hmac.compare_digest(_hello_mac(hello), expected):
                 raise PermissionError("bad token")
         except (FrameError, PermissionError) as exc:
             self._drop(sel, pending, entry, str(exc))
             return
+        except OSError as exc:
+            self._drop(sel, pending, entry, f"cannot send its hello reply: {exc}")
+            return
         self._drop(sel, pending, entry, None)
-        rest = entry.buffer[4 + n:]
+        to_coordinator, to_worker = derive_keys(self.token, entry.nonce_w, entry.nonce_c)
+        channel = _Channel(entry.sock, FrameSealer(to_worker), FrameOpener(to_coordinator))
         try:
             entry.sock.setblocking(True)
         except OSError:  # pragma: no cover - closed under us
             entry.sock.close()
             return
-        threading.Thread(target=self._link, args=(entry.sock, entry.addr, rest), daemon=True,
+        threading.Thread(target=self._link, args=(channel, entry.addr), daemon=True,
                          name="tokenflow-coordinator-link").start()
 
-    def _link(self, conn: socket.socket, addr: Any, rest: bytes) -> None:
-        """Serve one authenticated connection until it closes or sends a malformed frame; a
-        frame with bad fields is refused (logged) and the connection goes on."""
-        stream = _Stream(conn, rest)
+    def _hello_reply(self, entry: _Pending, hello: dict[str, Any]) -> None:
+        """Check the first hello frame and send the coordinator's nonce and MAC.
+
+        Raises:
+            PermissionError: another protocol version or no nonce.
+            OSError: the reply did not fit the socket's buffer at once (it is ~100 bytes).
+        """
+        version = hello.get("v", 1)
+        if version != PROTOCOL_VERSION:
+            raise PermissionError(f"hello of coordinator protocol {_show(version)}, not "
+                                  f"{PROTOCOL_VERSION} (an older tokenflow worker?)")
+        entry.nonce_w = _hello_nonce(hello)
+        entry.nonce_c = os.urandom(NONCE_SIZE)
+        data = msgpack.packb({"nonce": entry.nonce_c, "mac": _mac(
+            self._auth_key, "coordinator accept", entry.nonce_w, entry.nonce_c)})
+        frame = _LEN.pack(len(data)) + data
+        if entry.sock.send(frame) != len(frame):  # pragma: no cover - a fresh socket's buffer
+            raise OSError("partial send")
+
+    def _link(self, channel: _Channel, addr: Any) -> None:
+        """Serve one authenticated connection until it closes or sends a frame that is
+        malformed or fails its integrity check; a frame with bad fields is refused (logged)
+        and the connection goes on."""
+        conn = channel.sock
         try:
             while not self._closed:
                 try:
-                    message = stream.read()
-                except (EOFError, OSError):
-                    return
-                except FrameError as exc:
+                    message = _read_sealed(conn, channel.opener)
+                except (SealedFrameError, FrameError) as exc:  # before OSError: a ConnectionError
                     self._refuse(addr, f"closing the connection: {exc}")
                     return
+                except (EOFError, OSError):
+                    return
                 try:
-                    self._take(message, conn)
+                    self._take(message, channel)
                 except ReportError as exc:
                     self._refuse(addr, f"refused a message: {exc}")
         except Exception as exc:  # noqa: BLE001 - never let a client end the job
@@ -494,11 +612,11 @@ class Coordinator:
                                f"{type(exc).__name__}: {exc}")
         finally:
             with self._lock:
-                for w in [w for w, c in self._links.items() if c is conn]:
+                for w in [w for w, c in self._links.items() if c is channel]:
                     del self._links[w]
             conn.close()
 
-    def _take(self, message: dict[str, Any], conn: socket.socket) -> None:
+    def _take(self, message: dict[str, Any], channel: _Channel) -> None:
         """File one message from an authenticated connection.
 
         Raises:
@@ -519,28 +637,27 @@ class Coordinator:
                 return
             validate_reply(message)
             with self._lock:
-                self._links[message["worker"]] = conn
+                self._links[message["worker"]] = channel
             self.inbox.put(message)
             return
         report = validate_report(message)
         report["received"] = time.time()
         with self._lock:
-            self._links[report["worker"]] = conn
+            self._links[report["worker"]] = channel
             self.reports[report["worker"]] = report
 
     # -- API -------------------------------------------------------------------------------
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
-        """Send a command (a map with a ``"kind"``) to ``worker``.
+        """Send a command (a map with a ``"kind"``) to ``worker``, sealed.
 
         Raises:
             KeyError: the worker has not connected (it connects when it starts).
             OSError: its connection failed.
         """
         with self._lock:
-            conn = self._links[worker]
-        with self._send_lock:
-            _write(conn, message)
+            channel = self._links[worker]
+        channel.send(message)
 
     def connected(self) -> list[int]:
         """Workers whose connection is open, ascending."""
@@ -629,24 +746,55 @@ class Reporter:
         self.start = time.monotonic()
         self.last = 0.0
         self.sock: socket.socket | None = None
+        self._sealer: FrameSealer | None = None
+        self._opener: FrameOpener | None = None
         self._lock = threading.Lock()  # one writer at a time: the worker and its heartbeat
         self._beating: threading.Event | None = None
         self._beat_thread: threading.Thread | None = None
-        self._final = b""
+        self._final: dict[str, Any] | None = None
+        sock = None
         try:
-            self.sock = socket.create_connection((host, port), timeout=5)
-            _write(self.sock, {"token": token})
-        except OSError as exc:
+            sock = socket.create_connection((host, port), timeout=5)
+            self._sealer, self._opener = self._hello(sock, token)
+            self.sock = sock
+        except (OSError, EOFError, FrameError, PermissionError) as exc:
             log.warning("cannot reach the coordinator at %s:%s: %s", host, port, exc)
-            self.sock = None
+            if sock is not None:
+                sock.close()
 
-    def _send(self, data: bytes) -> bool:
-        """Send framed bytes; False (and no connection from now on) when that fails."""
+    @staticmethod
+    def _hello(sock: socket.socket, token: str) -> tuple[FrameSealer, FrameOpener]:
+        """The worker's side of the hello (module docstring); this connection's sealer and
+        opener.
+
+        Raises:
+            PermissionError: the other side does not know the token (its MAC is wrong).
+            FrameError, EOFError, OSError: a malformed reply or a failed connection.
+        """
+        key = auth_key(token)
+        nonce_w = os.urandom(NONCE_SIZE)
+        _write(sock, {"v": PROTOCOL_VERSION, "nonce": nonce_w})
+        reply = _read(sock)
+        nonce_c = _hello_nonce(reply)
+        genuine = hmac.compare_digest(_hello_mac(reply),
+                                      _mac(key, "coordinator accept", nonce_w, nonce_c))
+        # answered even when the reply was wrong, so that the coordinator's refusal log names
+        # a wrong token; the MAC is bound to both fresh nonces and opens nothing elsewhere
+        _write(sock, {"mac": _mac(key, "coordinator connect", nonce_c, nonce_w)})
+        if not genuine:
+            raise PermissionError("it failed the token check (a wrong token, or not this job's "
+                                  "coordinator)")
+        to_coordinator, to_worker = derive_keys(token, nonce_w, nonce_c)
+        return FrameSealer(to_coordinator), FrameOpener(to_worker)
+
+    def _send(self, message: dict[str, Any]) -> bool:
+        """Seal and send ``message``; False (and no connection from now on) when that fails."""
+        data = msgpack.packb(message)
         with self._lock:
-            if self.sock is None:
+            if self.sock is None or self._sealer is None:
                 return False
             try:
-                self.sock.sendall(data)
+                self.sock.sendall(self._sealer.seal_control(KIND_MESSAGE, data))
                 return True
             except OSError:
                 self.sock = None
@@ -658,8 +806,7 @@ class Reporter:
         Raises:
             ConnectionError: the coordinator cannot be reached.
         """
-        data = msgpack.packb(message)
-        if not self._send(_LEN.pack(len(data)) + data):
+        if not self._send(message):
             raise ConnectionError("no connection to the coordinator")
 
     def poll(self, timeout: float | None = 0.0) -> dict[str, Any] | None:
@@ -667,18 +814,29 @@ class Reporter:
         seconds (0: do not wait; None: wait until one comes).
 
         Raises:
-            ConnectionError: the coordinator closed the connection or sent a malformed frame.
+            ConnectionError: the coordinator closed the connection, or sent a malformed frame
+                or one that failed its integrity check (forged, altered, replayed: logged,
+                and the connection is closed).
         """
-        sock = self.sock
-        if sock is None:
+        sock, opener = self.sock, self._opener
+        if sock is None or opener is None:
             raise ConnectionError("no connection to the coordinator")
         ready, _, _ = select.select([sock], [], [], timeout)
         if not ready:
             return None
         try:
-            return _read(sock)
+            return _read_sealed(sock, opener)
         except (EOFError, ValueError, OSError) as exc:
+            if isinstance(exc, SealedFrameError | FrameError):
+                log.warning("refused a frame from the coordinator, closing the connection: %s", exc)
+            self._disconnect()
             raise ConnectionError(f"coordinator connection failed: {exc}") from exc
+
+    def _disconnect(self) -> None:
+        with self._lock:
+            if self.sock is not None:
+                self.sock.close()
+                self.sock = None
 
     def start_heartbeat(self, worker: int, job: str, interval: float = HEARTBEAT_INTERVAL) -> None:
         """Send ``{"kind": "heartbeat", "worker", "job"}`` every ``interval`` s from a daemon
@@ -686,14 +844,13 @@ class Reporter:
         if self._beat_thread is not None or self.sock is None:
             return
         stop = self._beating = threading.Event()
-        beat = msgpack.packb({"kind": "heartbeat", "worker": worker, "job": job, "done": False})
-        frame = _LEN.pack(len(beat)) + beat
+        beat = {"kind": "heartbeat", "worker": worker, "job": job, "done": False}
 
         def run() -> None:
-            while self._send(frame) and not stop.wait(interval):
+            while self._send(beat) and not stop.wait(interval):
                 pass
 
-        self._final = msgpack.packb({"kind": "heartbeat", "worker": worker, "job": job, "done": True})
+        self._final = {**beat, "done": True}
         self._beat_thread = threading.Thread(target=run, daemon=True, name="tokenflow-heartbeat")
         self._beat_thread.start()
 
@@ -703,7 +860,8 @@ class Reporter:
             return
         self._beating.set()
         self._beat_thread.join(timeout=5)
-        self._send(_LEN.pack(len(self._final)) + self._final)
+        if self._final is not None:
+            self._send(self._final)
         self._beating = None
 
     def __call__(self, worker: Any, force: bool = False) -> None:
@@ -716,21 +874,16 @@ class Reporter:
         report = {"worker": worker.index, "steps": worker.steps, "elapsed": now - self.start,
                   "records_in": int(worker.metrics.get("records_in", 0)),
                   "frontiers": frontiers, "done": worker.dataflows_running == 0}
-        data = msgpack.packb(report)
-        if len(data) > MAX_REPORT:  # too many operators: keep the totals
+        if len(msgpack.packb(report)) > MAX_REPORT:  # too many operators: keep the totals
             report["frontiers"] = {}
-            data = msgpack.packb(report)
-        self._send(_LEN.pack(len(data)) + data)
+        self._send(report)
 
     def close(self, worker: Any = None) -> None:
         """Send a last report (when ``worker`` is given), stop the heartbeats and close."""
         if worker is not None:
             self(worker, force=True)
         self.stop_heartbeat()
-        with self._lock:
-            if self.sock is not None:
-                self.sock.close()
-                self.sock = None
+        self._disconnect()
 
 
 def attach(worker: Any, endpoint: tuple[str, int, str] | None) -> Reporter | None:
