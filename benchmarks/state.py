@@ -761,10 +761,11 @@ def provenance() -> str:
         commit = git("rev-parse", "--short", "HEAD").strip()
         dirty = [line[3:] for line in git("status", "--porcelain", "--", ".").splitlines() if line]
     except (OSError, subprocess.CalledProcessError):
-        return f"tokenflow imported from `{src}` (not a git checkout)."
+        return "tokenflow imported from an installed copy (not a git checkout)."
     changed = ", ".join(f"`{d}`" for d in dirty) if dirty else "none"
-    return (f"tokenflow imported from `{src}` at commit {commit}; uncommitted changes under it: "
-            f"{changed}.")
+    # the checkout's own `src/`, named relative to the repository (no machine path)
+    return (f"tokenflow imported from this repository's `src/` at commit {commit}; uncommitted "
+            f"changes under it: {changed}.")
 
 
 def verdict(ok: bool) -> str:
