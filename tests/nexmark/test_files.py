@@ -34,7 +34,7 @@ from typer.testing import CliRunner
 
 from tokenflow.cli import app
 from tokenflow.nexmark import SCHEMAS, GeneratorConfig, generate, write_parquet
-from tokenflow.nexmark.files import read_events, read_kind, worker_share
+from tokenflow.nexmark.files import read_events, read_kind
 from tokenflow.nexmark.run import run_query
 from tokenflow.spark.io import InputError
 
@@ -72,13 +72,6 @@ def test_read_kind_casts_selects_and_sorts(tmp_path: Path) -> None:
     table = read_kind(tmp_path, "bid")
     assert table.schema == SCHEMAS["bid"]
     assert table.equals(pa.Table.from_batches([bids]))  # generated bids are in dateTime order
-
-
-def test_worker_share_round_robin() -> None:
-    table = pa.table({"dateTime": pa.array(range(10), pa.int64())})
-    shares = [worker_share(table, w, 3).column("dateTime").to_pylist() for w in range(3)]
-    assert shares == [[0, 3, 6, 9], [1, 4, 7], [2, 5, 8]]
-    assert worker_share(table.slice(0, 0), 1, 3).num_rows == 0
 
 
 def _copy(events_dir: Path, tmp_path: Path) -> Path:

@@ -201,13 +201,4 @@ def read_events(directory: str | os.PathLike[str]) -> dict[str, pa.Table]:
     return {kind: read_kind(directory, kind) for kind in KINDS}
 
 
-def worker_share(table: pa.Table, worker: int, peers: int) -> pa.RecordBatch:
-    """Rows ``worker, worker + peers, ...`` of ``table`` as one record batch (a round-robin share
-    keeps each worker's rows spread over the whole event-time range, in order)."""
-    part = table.take(np.arange(worker, table.num_rows, peers, dtype=np.int64)).combine_chunks()
-    batches = part.to_batches()  # one batch: the columns are single chunks
-    return batches[0] if batches else pa.RecordBatch.from_pylist([], schema=table.schema)
-
-
-__all__ = ["MAX_TIME_MS", "NON_NEGATIVE", "REQUIRED", "TIME_COLUMNS", "read_events", "read_kind",
-           "worker_share"]
+__all__ = ["MAX_TIME_MS", "NON_NEGATIVE", "REQUIRED", "TIME_COLUMNS", "read_events", "read_kind"]

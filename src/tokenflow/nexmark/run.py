@@ -3,23 +3,22 @@
 Source: docs/NEXMARK.md (generator, queries, the published events/s anchors);
 ``tokenflow.nexmark.queries`` (the query modules).
 
-``run_query`` drives three ``InputHandle``s (person, auction, bid) per worker, one *epoch* of
-``granularity_ms`` event time at a time: epoch ``t`` (a multiple of ``granularity_ms``, ms since
-the Unix epoch) holds the events with ``t <= dateTime < t + granularity_ms``, sent at logical
-time ``t``.  Each worker generates its share of the events itself (generation is part of the
-measured time, as in the published anchors): consecutive epochs are grouped into chunks of at
-least ``workers * MIN_BLOCK`` events, and worker ``w`` generates the ``w``-th of ``workers``
-contiguous slices of each chunk in one vectorized ``generate`` call.
+``run_query`` reads the events through the replayable NEXMark source
+(``tokenflow.io.sources.nexmark_streams``: ``SPLITS`` W-independent splits of the event stream,
+each worker generating its splits' events itself, so generation is part of the measured time, as
+in the published anchors) or, with ``input``, through table sources over the files.  Epoch ``t``
+(a multiple of ``granularity_ms``, ms since the Unix epoch) holds the events with
+``t <= dateTime < t + granularity_ms``, at logical time ``t``.
 
-Per epoch ``t`` every worker records the wall time (``time.time()``, s) when it has sent all its
-input of the epoch (its inputs advanced past ``t``) and when a probe on the query output first
+Per epoch ``t`` every worker records the wall time (``time.time()``, s) when its sources' tokens
+have passed ``t`` (all its input of the epoch is sent) and when a probe on the query output first
 shows the output frontier past ``t`` (no more output at times ``<= t`` can appear).  The epoch's
 latency is ``max over workers(passed) - max over workers(sent)``, in ms.  A worker keeps at most
-``lag`` of its epochs in flight (sent but not passed), stepping the dataflow before sending more,
-so under full load an epoch's latency includes waiting behind up to ``lag - 1`` others.  For a
-windowed query, whose rows carry their window's end time, an epoch passes as soon as no output
-at or before it can appear, which is before the window holding it closes.  The probe is checked
-between epochs, so a worker busy generating its next chunk records a passing late.
+``lag`` of its epochs in flight (sent but not passed) by limiting its sources
+(``SourceHandle.limit``), so under full load an epoch's latency includes waiting behind up to
+``lag - 1`` others.  For a windowed query, whose rows carry their window's end time, an epoch
+passes as soon as no output at or before it can appear, which is before the window holding it
+closes.
 """
 
 from __future__ import annotations
@@ -37,8 +36,6 @@ import pyarrow as pa
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, write_parquet
 from tokenflow.nexmark.queries import load
 
-MIN_BLOCK = 5_000
-"""Fewest events a worker generates per ``generate`` call (smaller calls cost more per event)."""
 SPLITS = 16
 """Splits of the NEXMark source (W-independent units of the event stream, see
 ``tokenflow.io.sources.nexmark_splits``): a job can be restored at up to this many workers
@@ -125,22 +122,6 @@ def file_plan(tables: dict[str, pa.Table], granularity_ms: int) -> list[tuple[in
     return [(int(t), 0, 0) for t in epochs]
 
 
-def chunk_plan(plan: list[tuple[int, int, int]], workers: int,
-               min_block: int = MIN_BLOCK) -> list[list[tuple[int, int, int]]]:
-    """Consecutive epochs of ``plan`` grouped into chunks of ``>= workers * min_block`` events
-    (the last chunk may be smaller)."""
-    chunks: list[list[tuple[int, int, int]]] = []
-    current: list[tuple[int, int, int]] = []
-    for epoch in plan:
-        current.append(epoch)
-        if current[-1][2] - current[0][1] >= workers * min_block:
-            chunks.append(current)
-            current = []
-    if current:
-        chunks.append(current)
-    return chunks
-
-
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
@@ -170,8 +151,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         input: a directory with ``person``, ``auction`` and ``bid`` Parquet datasets (as
             ``tokenflow nexmark generate`` writes them); ``events`` and ``rate`` are then
             ignored.  The driver reads and checks it first (``tokenflow.nexmark.files``); each
-            worker reads it again and takes every ``workers``-th row of each kind, so on a
-            cluster it must be a path all workers can read.
+            worker reads it again and streams its splits of each kind (``table_splits``), so on
+            a cluster it must be a path all workers can read.
         routing: ``"bins"`` (keyed exchanges through the job's routing table, the default) or
             ``"direct"`` (a key's hash picks the worker directly, without bins: only for
             measuring what the routing table costs).
@@ -349,5 +330,5 @@ def spark_reference(name: str, events: int, rate: int = 10_000, master: str | No
     return frame.sort_values(columns, kind="stable").reset_index(drop=True)
 
 
-__all__ = ["MIN_BLOCK", "QueryResult", "chunk_plan", "epoch_plan", "file_plan", "run_query",
+__all__ = ["QueryResult", "epoch_plan", "file_plan", "run_query",
            "spark_reference"]
