@@ -25,15 +25,25 @@ Times: any partially ordered times (pending times complete in an order compatibl
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
+from itertools import chain
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
 import pyarrow as pa
 
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput, Session
 from tokenflow.dataflow.routing import column_hashes
-from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled, unpickled
+from tokenflow.dataflow.state import (
+    BinnedState,
+    KeyedState,
+    group_by_bin,
+    key_bins,
+    pickled,
+    split_by_bin,
+    unpickled,
+)
 from tokenflow.order.partial_order import less_equal
 from tokenflow.state.bins import bins_of
 
@@ -64,28 +74,26 @@ class PendingRecords(BinnedState):
     def pending_times(self) -> list[Any]:
         return list(self.by_time)
 
-    def _bins(self, batch: Any) -> list[int]:
+    def _bins(self, batch: Any) -> np.ndarray:
         if isinstance(batch, (pa.RecordBatch, pa.Table)):
             if self._column is None:
                 keys = batch.to_pylist()
                 return key_bins(keys if self._key is None else [self._key(r) for r in keys],
-                                self.bins).tolist()
-            return bins_of(column_hashes(batch.column(self._column)), self.bins).tolist()
+                                self.bins)
+            return bins_of(column_hashes(batch.column(self._column)), self.bins)
         keys = batch if self._key is None else [self._key(r) for r in batch]
-        return key_bins(keys, self.bins).tolist()
+        return key_bins(keys, self.bins)
 
     def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
-        wanted = None if bins is None else set(bins)
         parts: dict[int, dict[Any, list[Any]]] = {}
         for time, batches in self.by_time.items():
             for batch in batches:
-                rows_by_bin: dict[int, list[int]] = {}
-                for row, b in enumerate(self._bins(batch)):
-                    if wanted is None or b in wanted:
-                        rows_by_bin.setdefault(b, []).append(row)
-                for b, rows in rows_by_bin.items():
-                    part = batch.take(pa.array(rows)) if not isinstance(batch, list) else \
-                        [batch[r] for r in rows]
+                if isinstance(batch, list):
+                    split: dict[int, Any] = group_by_bin(batch, self._bins(batch), bins)
+                else:
+                    table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
+                    split = split_by_bin(table, self._bins(batch), bins)
+                for b, part in split.items():
                     parts.setdefault(b, {}).setdefault(time, []).append(part)
         return {b: pickled(by_time) for b, by_time in parts.items()}
 
@@ -101,7 +109,7 @@ def _records(batches: list[Any]) -> Any:
     if not batches:
         return []
     if all(isinstance(b, list) for b in batches):
-        return [r for b in batches for r in b]
+        return batches[0] if len(batches) == 1 else list(chain.from_iterable(batches))
     tables = [pa.Table.from_batches([b]) if isinstance(b, pa.RecordBatch) else b for b in batches]
     return pa.concat_tables(tables, promote_options="permissive")
 
