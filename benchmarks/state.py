@@ -56,6 +56,7 @@ from __future__ import annotations
 import argparse
 import collections
 import datetime
+import functools
 import os
 import pickle
 import platform
@@ -576,23 +577,7 @@ def snapshot_keyed(kind: str, megabytes: float, rounds: int, workdir: Path) -> S
             assert len(restored) == len(data)
             del restored
         else:
-            export_s = write_s = 0.0
-            parts = []
-            for w, state in enumerate(old):
-                start = time.perf_counter()
-                exported = state.export()
-                middle = time.perf_counter()
-                parts.append(write_worker_part(root, job=JOB, epoch=1, worker=w, bins=BINS,
-                                               states={kind: exported}))
-                write_s += time.perf_counter() - middle
-                export_s += middle - start
-                del exported
-            start = time.perf_counter()
-            commit_snapshot(root, job=JOB, epoch=1, bins=BINS, routing=OLD, parts=parts)
-            write_s += time.perf_counter() - start
-            row.export_s.append(export_s)
-            row.write_s.append(write_s)
-            row.snapshot_bytes = sum(p.bytes_written for p in parts)
+            _write_snapshot(root, row, kind, [state.export for state in old])
             read_s, load_s, loaded, per_reader = _restore(str(root), kind, load)
             row.read_s.append(read_s)
             row.load_s.append(load_s)
@@ -643,22 +628,9 @@ def snapshot_arrow(megabytes: float, rounds: int, workdir: Path) -> SnapRow:
             assert restored.num_rows == n
             del restored
         else:
-            export_s = write_s = 0.0
-            parts = []
-            for w, (part, part_bins) in enumerate(old):
-                start = time.perf_counter()
-                exported = split_by_bin(part, part_bins)
-                middle = time.perf_counter()
-                parts.append(write_worker_part(root, job=JOB, epoch=1, worker=w, bins=BINS,
-                                               states={"rows": exported}))
-                write_s += time.perf_counter() - middle
-                export_s += middle - start
-            start = time.perf_counter()
-            commit_snapshot(root, job=JOB, epoch=1, bins=BINS, routing=OLD, parts=parts)
-            write_s += time.perf_counter() - start
-            row.export_s.append(export_s)
-            row.write_s.append(write_s)
-            row.snapshot_bytes = sum(p.bytes_written for p in parts)
+            _write_snapshot(root, row, "rows",
+                            [functools.partial(split_by_bin, part, part_bins)
+                             for part, part_bins in old])
             read_s, load_s, loaded, per_reader = _restore(str(root), "rows", load)
             row.read_s.append(read_s)
             row.load_s.append(load_s)
@@ -743,6 +715,29 @@ def plot(queries: list[QueryRow], counts: list[WordCountRow], snaps: list[SnapRo
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def _write_snapshot(root: Path, row: Any, state: str,
+                    exports: list[Callable[[], dict[int, pa.Table]]]) -> None:
+    """Old worker ``w`` exports its bins (``exports[w]()``) and writes its part; then the
+    snapshot is committed.  Adds export and write seconds and the snapshot's bytes to ``row``."""
+    export_s = write_s = 0.0
+    parts = []
+    for w, export in enumerate(exports):
+        start = time.perf_counter()
+        exported = export()
+        middle = time.perf_counter()
+        parts.append(write_worker_part(root, job=JOB, epoch=1, worker=w, bins=BINS,
+                                       states={state: exported}))
+        write_s += time.perf_counter() - middle
+        export_s += middle - start
+        del exported
+    start = time.perf_counter()
+    commit_snapshot(root, job=JOB, epoch=1, bins=BINS, routing=OLD, parts=parts)
+    write_s += time.perf_counter() - start
+    row.export_s.append(export_s)
+    row.write_s.append(write_s)
+    row.snapshot_bytes = sum(p.bytes_written for p in parts)
 
 
 def provenance() -> str:
