@@ -44,7 +44,6 @@ from tokenflow.dataflow.state import (
     split_by_bin,
     unpickled,
 )
-from tokenflow.order.partial_order import less_equal
 from tokenflow.state.bins import bins_of
 
 if TYPE_CHECKING:
@@ -129,17 +128,9 @@ class _TimeTokens:
 
     def ready(self, inputs: list[OperatorInput]) -> list[Any]:
         """Pending times no input frontier can still reach, in an order compatible with the
-        partial order (a time before every later one)."""
-        done = [t for t in self.tokens if not any(i.frontier.less_equal(t) for i in inputs)]
-        ordered: list[Any] = []
-        rest = sorted(done, key=repr) if len(done) > 1 else done
-        while rest:  # topological: take a time no other remaining time is strictly before
-            for t in rest:
-                if not any(u != t and less_equal(u, t) for u in rest):
-                    ordered.append(t)
-                    rest.remove(t)
-                    break
-        return ordered
+        partial order: Python's ``<`` on ``int`` and on ``Product`` (a tuple, compared
+        lexicographically) extends the product order, so sorting is enough."""
+        return sorted(t for t in self.tokens if not any(i.frontier.less_equal(t) for i in inputs))
 
 
 def _stateful(name: str, streams: list[Stream], keys: list[Key | None], columns: list[str | None],
