@@ -155,7 +155,8 @@ class InputHandle:
             self._hold()
 
     def _hold(self) -> None:
-        """Move to the pause epoch and step the worker until the pause lifts or the job stops.
+        """Move to the pause epoch and step the worker until the pause lifts or moves, or the
+        job stops.
 
         Raises:
             JobStopped: the job stopped at the pause.
@@ -169,7 +170,10 @@ class InputHandle:
         worker = self._worker
         if worker is None:
             raise CapabilityError(f"input {self.name!r}: paused, but no worker to step")
-        while self._pause is not None and not getattr(worker, "stopped", False):
+        pause = self._pause
+        # until the pause lifts or moves (the control plane's final pause epoch may be later
+        # than the one it held the input at first): the caller then checks again
+        while self._pause == pause and not getattr(worker, "stopped", False):
             worker.step_or_park()
         if getattr(worker, "stopped", False):
             raise JobStopped(f"input {self.name!r}: the job stopped at epoch {at!r}")
