@@ -512,8 +512,8 @@ class Coordinator:
         except (KeyError, ValueError):  # pragma: no cover
             pass
         if reason is not None:
+            self._refuse(entry.addr, reason)  # counted before the peer can see the close
             entry.sock.close()
-            self._refuse(entry.addr, reason)
 
     def _read_hello(self, sel: selectors.BaseSelector, pending: dict[socket.socket, _Pending],
                     entry: _Pending) -> None:
