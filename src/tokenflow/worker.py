@@ -89,6 +89,13 @@ class Worker:
         self.restore: Any = None
         """A snapshot reader (``tokenflow.state.snapshot.Snapshot``) whose bins this worker
         loads into every state it declares, or None."""
+        self.replay = False
+        """True when this run re-executes epochs a failed run of the same job may already
+        have produced (recovery from a checkpoint, or a restart before the first one):
+        committing sinks then discard epochs already committed (``tokenflow.recovery``)."""
+        self.input_log: Any = None
+        """The job's durable input log for this worker (``tokenflow.io.inputlog.InputLog``),
+        or None when the job runs without checkpoints."""
         self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle
         self.traffic = Traffic()
         self.stopped = False
