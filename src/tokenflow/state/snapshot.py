@@ -17,10 +17,19 @@ Layout under ``root`` (a directory on a ``pyarrow.fs.FileSystem``)::
     snapshot-<epoch, 20 digits>/
         worker-<w:05d>.bins   IPC streams, one per (state, bin), concatenated
         worker-<w:05d>.json   {"format", "job", "epoch", "bins", "worker",
-                               "states": {state: {bin: [offset, length, crc32, rows]}},
+                               "states": {state: {bin: [offset, length, crc32, rows]
+                                                  or [offset, length, crc32, rows,
+                                                      epoch, worker]}},
                                "meta", "bins_crc32"}
         MANIFEST.json         {"format", "job", "epoch", "bins", "routing", "workers",
                                "parts": {w: crc32 of worker-<w>.json}, "meta", "created"}
+
+Incremental snapshots (checkpoints, ``tokenflow.recovery``): a worker that passes the entries
+of its previous committed part as ``previous`` writes only the blobs whose bytes changed (same
+crc32 and length: unchanged); the index entry of an unchanged blob names where it lives, with
+two more fields, the epoch and the worker of the ``.bins`` file that holds it.  ``prune`` keeps
+the ``.bins`` files that retained snapshots still point into (and drops the rest of those
+older directories, manifest first).
 
 Every file is written under a hidden temporary name (``.<name>.<hex>.tmp``) in its directory
 and renamed into place; on a local filesystem the file is fsynced before, and its directory
@@ -37,7 +46,7 @@ import threading
 import uuid
 import zlib
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -57,8 +66,11 @@ _WRITE_BUFFER = 1 << 20
 _MAX_READ = 64 << 20
 """Adjacent blobs are fetched together up to this many bytes per ranged read."""
 
-# (state, bin, worker, offset, length, crc32, rows)
-_Blob = tuple[str, int, int, int, int, int, int]
+# (state, bin, worker, offset, length, crc32, rows, epoch): the blob lives in
+# snapshot-<epoch>/worker-<worker>.bins
+_Blob = tuple[str, int, int, int, int, int, int, int]
+Entry = list[int]
+"""An absolute blob reference: ``[offset, length, crc32, rows, epoch, worker]``."""
 
 
 @dataclass(frozen=True)
@@ -84,12 +96,17 @@ class WorkerPart:
         index_path: path of its ``worker-<w>.json`` on the snapshot's filesystem.
         crc32: ``zlib.crc32`` of the index file's bytes.
         bytes_written: bytes of the ``.bins`` and ``.json`` files together.
+        bytes_reused: bytes of unchanged blobs referenced in earlier snapshots' files.
+        entries: every blob of the part as an absolute ``Entry``, by state and bin: the
+            ``previous`` of this worker's next incremental part once this one is committed.
     """
 
     worker: int
     index_path: str
     crc32: int
     bytes_written: int
+    bytes_reused: int = 0
+    entries: dict[str, dict[int, Entry]] | None = field(default=None, compare=False, repr=False)
 
 
 # -- paths and filesystem helpers ------------------------------------------------------------
@@ -276,21 +293,38 @@ def _checked_states(states: Mapping[str, Mapping[int, pa.Table]],
 
 
 class _BlobWriter:
-    """Serializes the non-empty bins of each state, recording the index as it goes."""
+    """Serializes the non-empty bins of each state, recording the index as it goes; a blob
+    equal (crc32 and length) to the ``previous`` part's entry is referenced, not written."""
 
-    def __init__(self, states: list[tuple[str, list[tuple[int, pa.Table]]]]) -> None:
+    def __init__(self, states: list[tuple[str, list[tuple[int, pa.Table]]]], epoch: int,
+                 worker: int, previous: Mapping[str, Mapping[int, Sequence[int]]] | None) -> None:
         self.states = states
+        self.epoch = epoch
+        self.worker = worker
+        self.previous = previous or {}
         self.index: dict[str, dict[str, list[int]]] = {}
+        self.entries: dict[str, dict[int, Entry]] = {}
+        self.reused = 0
 
     def chunks(self) -> Iterable[pa.Buffer]:
         offset = 0
         for state, per_bin in self.states:
             entries = self.index.setdefault(state, {})
+            absolute = self.entries.setdefault(state, {})
+            before = self.previous.get(state, {})
             for b, table in per_bin:
                 if table.num_rows == 0:
                     continue
                 blob = _ipc_bytes(table)
-                entries[str(b)] = [offset, blob.size, zlib.crc32(blob), table.num_rows]
+                crc = zlib.crc32(blob)
+                old = before.get(b)
+                if old is not None and len(old) == 6 and old[1] == blob.size and old[2] == crc \
+                        and old[3] == table.num_rows:
+                    entries[str(b)] = absolute[b] = [int(x) for x in old]
+                    self.reused += blob.size
+                    continue
+                entries[str(b)] = [offset, blob.size, crc, table.num_rows]
+                absolute[b] = [offset, blob.size, crc, table.num_rows, self.epoch, self.worker]
                 offset += blob.size
                 yield blob
 
@@ -298,7 +332,8 @@ class _BlobWriter:
 def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, worker: int, bins: int,
                       states: Mapping[str, Mapping[int, pa.Table]],
                       meta: Mapping[str, Any] | None = None,
-                      filesystem: pafs.FileSystem | None = None) -> WorkerPart:
+                      filesystem: pafs.FileSystem | None = None,
+                      previous: Mapping[str, Mapping[int, Sequence[int]]] | None = None) -> WorkerPart:
     """Write ``worker``'s part of the snapshot at ``epoch``: its ``.bins`` blobs, then its
     ``.json`` index, each atomically; writing the same part again replaces it.
 
@@ -312,6 +347,9 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
             empty tables are skipped, a state with no rows is still listed.
         meta: the worker's JSON-serializable metadata (e.g. source positions).
         filesystem: a ``pyarrow.fs.FileSystem`` (default: from ``root``).
+        previous: the ``entries`` of this worker's part of an earlier *committed* snapshot
+            under ``root`` (incremental: blobs whose bytes did not change are referenced
+            there instead of written again).
 
     Returns:
         The ``WorkerPart`` to pass to ``commit_snapshot``.
@@ -335,13 +373,14 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
         raise SnapshotError(f"{manifest}: the snapshot at epoch {epoch} is already committed; "
                             f"its parts cannot be rewritten")
     _make_dir(fs, base, directory)
-    blobs = _BlobWriter(checked)
+    blobs = _BlobWriter(checked, epoch, worker, previous)
     bins_size, bins_crc = _write_file(fs, directory, _part_name(worker, "bins"), blobs.chunks())
     index = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins, "worker": worker,
              "states": blobs.index, "meta": meta_doc, "bins_crc32": bins_crc}
     index_name = _part_name(worker, "json")
     index_size, index_crc = _write_file(fs, directory, index_name, [_dumps(index)])
-    return WorkerPart(worker, _join(directory, index_name), index_crc, bins_size + index_size)
+    return WorkerPart(worker, _join(directory, index_name), index_crc, bins_size + index_size,
+                      blobs.reused, blobs.entries)
 
 
 def _check_parts(fs: pafs.FileSystem, directory: str, job: str, epoch: int, bins: int,
@@ -449,13 +488,28 @@ def delete_snapshot(root: str | os.PathLike[str], epoch: int,
         _delete_dir(fs, directory)
 
 
+def _referenced(fs: pafs.FileSystem, base: str, epochs: Iterable[int]) -> set[tuple[int, int]]:
+    """``(epoch, worker)`` of every ``.bins`` file the snapshots at ``epochs`` read blobs
+    from (their own and earlier ones); unreadable snapshots reference nothing."""
+    out: set[tuple[int, int]] = set()
+    for epoch in epochs:
+        try:
+            snapshot = Snapshot.open(base, epoch, filesystem=fs)
+        except SnapshotError:
+            continue
+        out |= snapshot.files()
+    return out
+
+
 def prune(root: str | os.PathLike[str], keep: int = 2,
           filesystem: pafs.FileSystem | None = None) -> list[int]:
     """Delete all committed snapshots but the ``keep`` newest, and the uncommitted snapshot
-    directories older than the newest committed one (newer ones may be being written).
+    directories older than the newest committed one (newer ones may be being written).  Of
+    an older directory whose ``.bins`` files a kept (incremental) snapshot still reads, only
+    those files stay; its manifest goes first, so it is no longer a committed snapshot.
 
     Returns:
-        The deleted epochs, ascending.
+        The epochs deleted (whole, or but for the files a kept snapshot reads), ascending.
 
     Raises:
         ValueError: ``keep < 1``.
@@ -467,9 +521,17 @@ def prune(root: str | os.PathLike[str], keep: int = 2,
     if not committed:
         return []
     kept = set(committed[-keep:])
+    referenced = _referenced(fs, base, sorted(kept))
     doomed = [e for e in sorted(dirs) if e not in kept and e < committed[-1]]
     for epoch in doomed:
-        _delete_dir(fs, dirs[epoch])
+        still = {w for e, w in referenced if e == epoch}
+        if not still:
+            _delete_dir(fs, dirs[epoch])
+            continue
+        _delete_quietly(fs, _join(dirs[epoch], MANIFEST))
+        for info in fs.get_file_info(pafs.FileSelector(dirs[epoch])):
+            if info.base_name not in {_part_name(w, "bins") for w in still}:
+                _delete_quietly(fs, info.path)
     return doomed
 
 
@@ -507,7 +569,7 @@ def _parse_entries(path: str, state: str, entries: Any, bins: int) -> dict[int, 
         raise SnapshotError(f"{path}: state {state!r} is not a JSON object")
     out = {}
     for key, entry in entries.items():
-        ok = (isinstance(entry, list) and len(entry) == 4
+        ok = (isinstance(entry, list) and len(entry) in (4, 6)
               and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry))
         if not ok or not key.isdigit() or int(key) >= bins:
             raise SnapshotError(f"{path}: state {state!r}: malformed entry for bin {key!r:.20}: "
@@ -569,6 +631,7 @@ class Snapshot:
                  indexes: dict[int, _Index]) -> None:
         self._fs = fs
         self._dir = directory
+        self._root = directory.rsplit("/", 1)[0] if "/" in directory else ""
         self.epoch = epoch
         self.job: str = manifest["job"]
         self.bins: int = manifest["bins"]
@@ -635,15 +698,30 @@ class Snapshot:
         for w, index in sorted(indexes.items()):
             for state, entries in index.states.items():
                 merged = out.setdefault(state, {})
-                for b, (offset, length, crc, rows) in entries.items():
+                for b, entry in entries.items():
                     if b in merged:
                         raise SnapshotError(f"{self._bins_path(w)}: state {state!r} bin {b} is "
-                                            f"also in the part of worker {merged[b][2]}")
-                    merged[b] = (state, b, w, offset, length, crc, rows)
+                                            f"also in the part of another worker")
+                    offset, length, crc, rows = entry[:4]
+                    epoch, worker = (entry[4], entry[5]) if len(entry) == 6 else (self.epoch, w)
+                    if epoch > self.epoch or (epoch == self.epoch and worker != w):
+                        raise SnapshotError(f"{self._bins_path(w)}: state {state!r} bin {b} "
+                                            f"refers to a later snapshot (epoch {epoch})")
+                    merged[b] = (state, b, worker, offset, length, crc, rows, epoch)
         return out
 
-    def _bins_path(self, worker: int) -> str:
-        return _join(self._dir, _part_name(worker, "bins"))
+    def _bins_path(self, worker: int, epoch: int | None = None) -> str:
+        if epoch is None or epoch == self.epoch:
+            return _join(self._dir, _part_name(worker, "bins"))
+        return _join(_join(self._root, _dir_name(epoch)), _part_name(worker, "bins"))
+
+    def files(self) -> set[tuple[int, int]]:
+        """``(epoch, worker)`` of every ``.bins`` file this snapshot reads blobs from: its own
+        parts' and, when incremental, earlier snapshots' under the same root."""
+        out = {(self.epoch, w) for w in self.workers}
+        for blobs in self._blobs.values():
+            out.update((blob[7], blob[2]) for blob in blobs.values())
+        return out
 
     def worker_meta(self, worker: int) -> dict[str, Any]:
         """The metadata ``worker`` wrote with its part.
@@ -665,7 +743,7 @@ class Snapshot:
         for name, blobs in self._blobs.items():
             if state is None or name == state:
                 for blob in blobs.values():
-                    out[blob[2]] += blob[4]
+                    out[blob[2]] = out.get(blob[2], 0) + blob[4]
         return out
 
     def read(self, state: str, bins: Iterable[int]) -> dict[int, pa.Table]:
@@ -683,16 +761,16 @@ class Snapshot:
             raise ValueError(f"bins must be in [0, {self.bins}), got {wanted[0]}..{wanted[-1]}")
         blobs = self._blobs.get(state, {})
         selected = [blobs[b] for b in wanted if b in blobs]
-        by_worker: dict[int, list[_Blob]] = {}
+        by_file: dict[tuple[int, int], list[_Blob]] = {}
         for blob in selected:
-            by_worker.setdefault(blob[2], []).append(blob)
+            by_file.setdefault((blob[7], blob[2]), []).append(blob)
         out: dict[int, pa.Table] = {}
-        for worker, group in sorted(by_worker.items()):
-            out.update(self._read_worker(worker, sorted(group, key=lambda blob: blob[3])))
+        for (epoch, worker), group in sorted(by_file.items()):
+            out.update(self._read_file(worker, epoch, sorted(group, key=lambda blob: blob[3])))
         return {b: out[b] for b in sorted(out)}
 
-    def _read_worker(self, worker: int, blobs: list[_Blob]) -> dict[int, pa.Table]:
-        path = self._bins_path(worker)
+    def _read_file(self, worker: int, epoch: int, blobs: list[_Blob]) -> dict[int, pa.Table]:
+        path = self._bins_path(worker, epoch)
         out: dict[int, pa.Table] = {}
         try:
             handle = self._fs.open_input_file(path)
@@ -706,18 +784,23 @@ class Snapshot:
                 size = run[-1][3] + run[-1][4] - start
                 data = pa.py_buffer(handle.read_at(size, start))
                 with self._lock:
-                    self.bytes_read[worker] += data.size
+                    self.bytes_read[worker] = self.bytes_read.get(worker, 0) + data.size
                 for blob in run:
                     out[blob[1]] = _decode(path, data, start, blob)
         return out
 
     def verify(self) -> None:
         """Read every worker's whole ``.bins`` file and check it against its index's
-        ``bins_crc32`` (counted in ``bytes_read``).
+        ``bins_crc32``, and every blob referenced in earlier snapshots' files against its
+        crc32 (all counted in ``bytes_read``).
 
         Raises:
             SnapshotError: a missing or corrupt ``.bins`` file (naming it).
         """
+        for state in self.states():
+            older = [b for b, blob in self._blobs[state].items() if blob[7] != self.epoch]
+            if older:
+                self.read(state, older)
         for worker in self.workers:
             path = self._bins_path(worker)
             data = _read_whole(self._fs, path, f"the blobs of worker {worker}")
@@ -748,7 +831,7 @@ def _runs(blobs: list[_Blob]) -> Iterable[list[_Blob]]:
 
 def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob) -> pa.Table:
     """The table of one blob within ``data`` (read from offset ``start``), verified."""
-    state, b, _, offset, length, crc, rows = blob
+    state, b, _, offset, length, crc, rows, _ = blob
     where = f"{path}: state {state!r} bin {b} (offset {offset}, {length} bytes)"
     if offset - start + length > data.size:
         raise SnapshotError(f"{where}: file truncated (read {max(0, data.size - offset + start)} "
