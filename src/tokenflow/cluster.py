@@ -55,15 +55,19 @@ def run_worker(
             reporter = attach(worker, report_to)
         else:
             worker.on_step.append(reporter)
+        agent = None
         if reporter is not None and spec is not None and spec.control:
             from tokenflow.control import ControlAgent
 
-            worker.on_step.append(ControlAgent(reporter))
+            agent = ControlAgent(reporter)
+            worker.on_step.append(agent)
         try:
             result = fn(worker)
         except JobStopped:  # stopped by the control plane while feeding an input
             result = None
         worker.step_until_done()
+        if agent is not None:
+            agent.finish()  # a snapshot part still being written
         if reporter is not None:
             if own:
                 reporter.close(worker)

@@ -31,9 +31,14 @@ Commands (driver -> workers) and replies (workers -> driver):
 ``continue``
     not quiescent yet (the job's records sent and received differ): step and reply ``idle``
     again.
-``snapshot`` ``root``, ``job``, ``epoch``
-    write this worker's part of the snapshot (``tokenflow.state.snapshot``: every declared
-    state's bins, and the source positions as metadata); reply ``written``.
+``snapshot`` ``root``, ``job``, ``epoch``, ``previous``
+    capture this worker's part of the snapshot (``tokenflow.state.snapshot``: every declared
+    state's bins, exported now, and the source positions as metadata) and reply
+    ``captured``; a background thread writes the part (incremental: blobs unchanged since
+    the worker's part of the committed snapshot at epoch ``previous`` are referenced, not
+    written) and replies ``written`` (or ``write_failed`` with the ``error``).  The worker
+    awaits the next command (``resume`` or ``stop``) without stepping, so the driver can
+    resume the job while the files are written (an asynchronous checkpoint).
 ``resume`` / ``stop``
     sources go on / the worker ends its dataflows and returns.
 
@@ -49,8 +54,10 @@ from __future__ import annotations
 
 import math
 import queue
+import threading
 import time
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from tokenflow.state.bins import RoutingTable
@@ -168,6 +175,8 @@ class ControlAgent:
         self.announced = False  # told the driver that every source holds at the pause
         self.draining = False  # the driver asked for idle reports
         self.stopped = False
+        self._writer: threading.Thread | None = None
+        self._parts: dict[int, dict[str, dict[int, list[int]]]] = {}  # epoch -> blob entries
 
     def __call__(self, worker: Any) -> None:
         message: dict[str, Any] | None = self.link.poll(0.0)
@@ -202,6 +211,41 @@ class ControlAgent:
                                "while paused")
         return message
 
+    def _capture(self, worker: Any, message: dict[str, Any]) -> None:
+        """Export every state and the source positions now, reply ``captured`` and write the
+        part on a background thread, which replies ``written`` or ``write_failed``."""
+        if self._writer is not None:
+            self._writer.join()  # one part in flight per worker
+        epoch = int(message["epoch"])
+        previous = message.get("previous")
+        states = worker.export_states()
+        meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
+        base = self._parts.get(int(previous)) if previous is not None else None
+        index, bins = worker.index, worker.routing.bins
+        self.link.send({"kind": "captured", "worker": index, "epoch": epoch})
+
+        def write() -> None:
+            try:
+                part = write_worker_part(message["root"], job=message["job"], epoch=epoch,
+                                         worker=index, bins=bins, states=states, meta=meta,
+                                         previous=base)
+            except Exception as exc:  # noqa: BLE001 - reported to the driver
+                self.link.send({"kind": "write_failed", "worker": index,
+                                "error": f"{type(exc).__name__}: {exc}"[:2000]})
+                return
+            self._parts = {epoch: part.entries or {}}  # the next part builds on this one
+            self.link.send({"kind": "written", "worker": index, "index_path": part.index_path,
+                            "crc32": part.crc32, "bytes_written": part.bytes_written,
+                            "bytes_reused": part.bytes_reused})
+
+        self._writer = threading.Thread(target=write, name=f"tokenflow-snapshot-{index}", daemon=True)
+        self._writer.start()
+
+    def finish(self) -> None:
+        """Wait for a part still being written (before the worker returns)."""
+        if self._writer is not None:
+            self._writer.join()
+
     def _handle(self, worker: Any, message: dict[str, Any]) -> dict[str, Any] | None:
         """Carry out one command; returns a command to carry out next (one that must follow
         without a step in between), or None."""
@@ -227,12 +271,7 @@ class ControlAgent:
         elif kind == "continue":
             return None
         elif kind == "snapshot":
-            part = write_worker_part(
-                message["root"], job=message["job"], epoch=int(message["epoch"]),
-                worker=worker.index, bins=worker.routing.bins, states=worker.export_states(),
-                meta={"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}})
-            self.link.send({"kind": "written", "worker": worker.index, "index_path": part.index_path,
-                            "crc32": part.crc32, "bytes_written": part.bytes_written})
+            self._capture(worker, message)
             return self._await(worker)
         elif kind == "resume":
             self.pause_epoch = None
@@ -240,6 +279,7 @@ class ControlAgent:
             for source in self._sources(worker):
                 source.resume()
         elif kind == "stop":
+            self.finish()
             self.pause_epoch = None
             self.draining = False
             self.stopped = True
@@ -270,6 +310,9 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
                 raise ControlError(f"the job ended before workers {sorted(waiting)} sent "
                                    f"{kind!r} (nothing left to snapshot?)")
             raise ControlError(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
+        if message.get("kind") == "write_failed":
+            raise ControlError(f"worker {message.get('worker')} could not write its snapshot "
+                               f"part: {message.get('error')}")
         if message.get("kind") != kind:
             raise ControlError(f"expected {kind!r} replies, worker {message.get('worker')} sent {message!r}")
         worker = message.get("worker")
@@ -280,18 +323,45 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
     return replies
 
 
+@dataclass(frozen=True)
+class SnapshotStats:
+    """What one snapshot cost (``take_snapshot(..., stats=...)``).
+
+    Attributes:
+        epoch: the snapshot's epoch.
+        paused: seconds from ``hold`` until the job could resume (every state captured).
+        total: seconds from ``hold`` until the manifest was written.
+        bytes_written: bytes of the files written by all workers.
+        bytes_reused: bytes of unchanged blobs referenced in earlier snapshots.
+    """
+
+    epoch: int
+    paused: float
+    total: float
+    bytes_written: int
+    bytes_reused: int
+
+
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
                   stop: bool = True, timeout: float = 60.0,
                   on_epoch: Callable[[int], None] | None = None,
-                  alive: Callable[[], bool] | None = None) -> int:
-    """Pause every source at a common epoch, wait for quiescence, write and commit the
-    snapshot, then stop the job (or resume it).  Returns the snapshot's epoch.  ``alive()``
-    tells whether the job still runs (a job that ends cannot answer).
+                  alive: Callable[[], bool] | None = None, previous: int | None = None,
+                  stats: list[SnapshotStats] | None = None) -> int | None:
+    """Pause every source at a common epoch, wait for quiescence, capture every worker's
+    state and commit the snapshot, then stop the job (or resume it).  Returns the snapshot's
+    epoch.  ``alive()`` tells whether the job still runs (a job that ends cannot answer).
+
+    With ``stop=False`` the job resumes as soon as every worker captured its state, while
+    the parts are written (asynchronous).  ``previous``: the epoch of the last committed
+    snapshot of this run under ``root`` (incremental parts build on it); when the common
+    epoch is not after it (nothing new since), nothing is written, the job resumes and None
+    is returned.  ``stats``: a list the snapshot's ``SnapshotStats`` is appended to.
 
     Raises:
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
         SnapshotError: a worker's part cannot be committed.
     """
+    began = time.monotonic()
     for w in workers:
         hub.send(w, {"kind": "hold"})
     held = _gather(hub, "held", workers, timeout, alive)
@@ -299,6 +369,10 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
     epoch = -(-epoch // step) * step  # a boundary of every source's granularity
+    if previous is not None and epoch <= previous and not stop:
+        for w in workers:
+            hub.send(w, {"kind": "resume"})
+        return None
     if on_epoch is not None:
         on_epoch(epoch)
     for w in workers:
@@ -315,15 +389,27 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         for w in workers:
             hub.send(w, {"kind": "continue"})
     for w in workers:
-        hub.send(w, {"kind": "snapshot", "root": root, "job": job, "epoch": epoch})
+        hub.send(w, {"kind": "snapshot", "root": root, "job": job, "epoch": epoch,
+                     "previous": previous})
+    _gather(hub, "captured", workers, timeout, alive)
+    paused = time.monotonic() - began
+    if not stop:
+        for w in workers:
+            hub.send(w, {"kind": "resume"})
     written = _gather(hub, "written", workers, timeout, alive)
-    parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]))
+    parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]),
+                        int(r.get("bytes_reused", 0)))
              for w, r in sorted(written.items())]
     commit_snapshot(root, job=job, epoch=epoch, bins=routing.bins, routing=routing, parts=parts)
-    for w in workers:
-        hub.send(w, {"kind": "stop" if stop else "resume"})
+    if stop:
+        for w in workers:
+            hub.send(w, {"kind": "stop"})
+    if stats is not None:
+        stats.append(SnapshotStats(epoch, paused, time.monotonic() - began,
+                                   sum(p.bytes_written for p in parts),
+                                   sum(p.bytes_reused for p in parts)))
     return epoch
 
 
 __all__ = ["ControlAgent", "ControlError", "CoordinatorHub", "Hub", "Link", "QueueHub", "QueueLink",
-           "take_snapshot"]
+           "SnapshotStats", "take_snapshot"]

@@ -289,7 +289,10 @@ _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "held": {"point": lambda v: v is None or _is_int(v), "granularity": lambda v: _is_int(v) and v >= 1},
     "idle": {"sent": lambda v: _is_int(v) and v >= 0, "received": lambda v: _is_int(v) and v >= 0},
     "written": {"index_path": lambda v: isinstance(v, str), "crc32": lambda v: _is_int(v) and v >= 0,
-                "bytes_written": lambda v: _is_int(v) and v >= 0},
+                "bytes_written": lambda v: _is_int(v) and v >= 0,
+                "bytes_reused": lambda v: v is None or (_is_int(v) and v >= 0)},
+    "captured": {"epoch": lambda v: _is_int(v) and v >= 0},
+    "write_failed": {"error": lambda v: isinstance(v, str) and len(v) <= 4096},
 }
 """Fields the control plane (``tokenflow.control``) reads from each kind of reply."""
 

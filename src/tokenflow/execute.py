@@ -162,13 +162,16 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
             worker.inputs = inputs[i]
             spec.apply(worker)
             reporter = attach(worker, report_to)
-            if hub is not None:
-                worker.on_step.append(ControlAgent(hub.link(i)))
+            agent = ControlAgent(hub.link(i)) if hub is not None else None
+            if agent is not None:
+                worker.on_step.append(agent)
             try:
                 results[i] = fn(worker)
             except JobStopped:
                 pass  # stopped by the control plane while feeding an input
             worker.step_until_done()
+            if agent is not None:
+                agent.finish()  # a snapshot part still being written
             if reporter is not None:
                 reporter.close(worker)
         except WorkerAborted:
