@@ -354,8 +354,8 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     With ``stop=False`` the job resumes as soon as every worker captured its state, while
     the parts are written (asynchronous).  ``previous``: the epoch of the last committed
     snapshot of this run under ``root`` (incremental parts build on it); when the common
-    epoch is not after it (nothing new since), nothing is written, the job resumes and None
-    is returned.  ``stats``: a list the snapshot's ``SnapshotStats`` is appended to.
+    epoch is not after it (nothing new since), nothing is written, the job resumes (or
+    stops) and None is returned.  ``stats``: a list the snapshot's ``SnapshotStats`` is appended to.
 
     Raises:
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
@@ -369,9 +369,9 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
     epoch = -(-epoch // step) * step  # a boundary of every source's granularity
-    if previous is not None and epoch <= previous and not stop:
-        for w in workers:
-            hub.send(w, {"kind": "resume"})
+    if previous is not None and epoch <= previous:
+        for w in workers:  # nothing new since the previous snapshot: it stands for this one
+            hub.send(w, {"kind": "stop" if stop else "resume"})
         return None
     if on_epoch is not None:
         on_epoch(epoch)

@@ -38,6 +38,9 @@ class JobSpec:
         routing: the routing table (``RoutingTable.to_json()`` form).
         restore_root, restore_epoch: the snapshot to load (None: start empty).
         control: install the control-plane agent (``tokenflow.control.ControlAgent``).
+        replay: the run may redo epochs a failed run of the job already produced
+            (``Worker.replay``: committing sinks discard those epochs).
+        log_root: where the job's durable input log lives (``Worker.input_log``), or None.
     """
 
     name: str
@@ -45,11 +48,14 @@ class JobSpec:
     restore_root: str | None = None
     restore_epoch: int | None = None
     control: bool = False
+    replay: bool = False
+    log_root: str | None = None
     _table: RoutingTable | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def create(cls, name: str, workers: int, bins: int = DEFAULT_BINS, restore: str | None = None,
-               epoch: int | None = None, control: bool = False) -> JobSpec:
+               epoch: int | None = None, control: bool = False, replay: bool = False,
+               log_root: str | None = None) -> JobSpec:
         """The spec of a job of ``workers`` workers: an even routing table of ``bins`` bins,
         or, with ``restore``, the snapshot's table rebalanced onto ``workers`` workers.
 
@@ -60,10 +66,10 @@ class JobSpec:
         """
         if restore is None:
             table = RoutingTable.even(workers, bins)
-            return cls(name, table.to_json(), control=control)
+            return cls(name, table.to_json(), control=control, replay=replay, log_root=log_root)
         snapshot = Snapshot.open(restore, epoch, job=name, bins=bins)
         table = snapshot.routing.rebalanced(range(workers))
-        return cls(name, table.to_json(), restore, snapshot.epoch, control)
+        return cls(name, table.to_json(), restore, snapshot.epoch, control, replay, log_root)
 
     @property
     def table(self) -> RoutingTable:
@@ -80,6 +86,14 @@ class JobSpec:
             SnapshotError: the snapshot cannot be opened on this worker.
         """
         worker.routing = self.table
+        worker.replay = self.replay
+        if self.log_root is not None:
+            try:
+                from tokenflow.io.inputlog import InputLog  # the io layer, above this one
+            except ModuleNotFoundError:  # TEMPORARY until the input log lands
+                InputLog = None  # type: ignore[assignment,misc]  # noqa: N806
+            if InputLog is not None:
+                worker.input_log = InputLog(self.log_root, self.name, worker.index)
         if self.restore_root is not None:
             worker.restore = Snapshot.open(self.restore_root, self.restore_epoch, job=self.name,
                                            bins=self.table.bins)
@@ -152,7 +166,7 @@ class JobHandle:
 
 def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
           name: str | None = None, bins: int = DEFAULT_BINS, restore: str | None = None,
-          **options: Any) -> JobHandle:
+          spec: JobSpec | None = None, **options: Any) -> JobHandle:
     """Run ``fn`` like ``execute`` but in the background, under the control plane.
 
     Returns a ``JobHandle`` (``snapshot``, ``result``).  On ``process`` and ``spark`` the
@@ -161,13 +175,18 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
     created; on ``thread`` through in-process queues (a given coordinator still receives
     progress reports).
 
+    ``spec``: the job's spec (its ``control`` is set); by default made from ``name``,
+    ``bins`` and ``restore``.
+
     Raises:
         ValueError: see ``execute``; SnapshotError: see ``JobSpec.create``.
     """
     from tokenflow.control import CoordinatorHub, QueueHub
     from tokenflow.execute import execute
 
-    spec = JobSpec.create(name or job_name(fn), workers, bins, restore, control=True)
+    if spec is None:
+        spec = JobSpec.create(name or job_name(fn), workers, bins, restore, control=True)
+    spec.control = True
     coordinator = options.pop("coordinator", None)
     if runtime == "thread":
         hub: Any = QueueHub(workers)

@@ -1,0 +1,361 @@
+"""Exactly-once recovery: periodic checkpoints, restart after a crash, resume after the driver
+died, graceful stop.
+
+Source: the distributed-DBSP design, "Fault tolerance" (a per-worker two-version state
+database committed together by a coordinator; recovery loads the latest checkpoint and replays
+the input from there, discarding output produced again), "Input", "Output" and
+"Input/output synchronization"; docs/ARCHITECTURE.md ("Recovery").
+
+``CheckpointedJob`` runs a job under the control plane and, every ``interval`` seconds, takes
+a checkpoint: every source pauses at a common epoch, the workers capture their state and
+resume at once while the parts are written in the background, and the driver commits the
+checkpoint (manifest last) when every part is durable.  Parts are incremental (a bin whose
+bytes did not change is referenced in the previous checkpoint), and all but the ``keep``
+newest checkpoints are pruned (with the input log below the oldest kept).
+
+When a worker dies (or raises), the runtime fails the job; the driver starts it again (all
+workers: on Spark a barrier stage is relaunched whole anyway) from the latest checkpoint that
+reads back intact (a corrupt or half-written one is skipped with a log line naming the file),
+with ``Worker.replay`` set: sources restart from the recorded positions, input handles replay
+their log, committing sinks discard epochs already committed.  The checkpoint directory also
+holds the job's definition (``JOB.json``), so ``tokenflow resume DIR`` continues a job whose
+driver died, at any worker count.
+
+Layout of a checkpoint directory::
+
+    JOB.json                       the job's definition (written by the CLI)
+    snapshot-<epoch, 20 digits>/   a checkpoint (``tokenflow.state.snapshot``)
+    inputs/                        the input log (``tokenflow.io.inputlog``)
+    .stop-request                  ``tokenflow stop DIR`` asks the job to checkpoint and stop
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenflow.control import ControlError, SnapshotStats, take_snapshot
+from tokenflow.execute import JobTimeoutError, WorkerError
+from tokenflow.job import JobHandle, JobSpec, job_name, start
+from tokenflow.state.bins import DEFAULT_BINS
+from tokenflow.state.snapshot import Snapshot, SnapshotError, committed_epochs, prune
+
+log = logging.getLogger("tokenflow.recovery")
+
+JOB_FILE = "JOB.json"
+"""The job's definition in its checkpoint directory (``write_definition``)."""
+STOP_REQUEST = ".stop-request"
+"""The file ``tokenflow stop DIR`` creates in a checkpoint directory."""
+
+
+class RecoveryError(RuntimeError):
+    """The job cannot be recovered: restarts exhausted, or no usable checkpoint definition."""
+
+
+@dataclass
+class Event:
+    """One thing that happened to a checkpointed job (``CheckpointedJob.events``).
+
+    Attributes:
+        kind: ``"checkpoint"``, ``"restart"``, ``"fallback"`` (a checkpoint skipped as
+            unusable), ``"restore"`` (an attempt starts from a checkpoint) or ``"stop"``.
+        at: ``time.time()`` when it happened.
+        epoch: the checkpoint's epoch, where there is one.
+        detail: a human-readable line.
+    """
+
+    kind: str
+    at: float
+    epoch: int | None = None
+    detail: str = ""
+
+
+def latest_usable(root: str, job: str, bins: int = DEFAULT_BINS,
+                  on_fallback: Callable[[int, str], None] | None = None) -> int | None:
+    """The epoch of the newest committed checkpoint under ``root`` whose every file reads
+    back intact (``Snapshot.verify``), or None if there is none.  Each checkpoint skipped is
+    passed to ``on_fallback(epoch, reason)`` (the reason names the file).
+
+    Raises:
+        SnapshotError: a checkpoint of another job or bin count (a wrong directory, not a
+            corruption: never skipped).
+    """
+    for epoch in reversed(committed_epochs(root)):
+        try:
+            snapshot = Snapshot.open(root, epoch)
+        except SnapshotError as exc:
+            if on_fallback is not None:
+                on_fallback(epoch, str(exc))
+            continue
+        if snapshot.job != job or snapshot.bins != bins:
+            raise SnapshotError(f"{root}: checkpoint at epoch {epoch} is of job {snapshot.job!r} "
+                                f"with {snapshot.bins} bins, expected {job!r} with {bins}")
+        try:
+            snapshot.verify()
+        except SnapshotError as exc:
+            if on_fallback is not None:
+                on_fallback(epoch, str(exc))
+            continue
+        return epoch
+    return None
+
+
+def write_definition(root: str, definition: dict[str, Any]) -> None:
+    """Store the job's definition (JSON: what ``tokenflow resume`` needs to start it again,
+    e.g. ``{"target": "mod:fn", "workers": 2, "runtime": "process", ...}``) as
+    ``root/JOB.json``, atomically.
+
+    Raises:
+        TypeError: ``definition`` is not JSON-serializable.
+    """
+    os.makedirs(root, exist_ok=True)
+    data = json.dumps(definition, indent=2, sort_keys=True).encode()
+    tmp = os.path.join(root, f".{JOB_FILE}.tmp")
+    with open(tmp, "wb") as handle:
+        handle.write(data)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(tmp, os.path.join(root, JOB_FILE))
+
+
+def read_definition(root: str) -> dict[str, Any]:
+    """The definition stored by ``write_definition``.
+
+    Raises:
+        RecoveryError: ``root/JOB.json`` is missing or not a JSON object.
+    """
+    path = os.path.join(root, JOB_FILE)
+    try:
+        with open(path, "rb") as handle:
+            document = json.loads(handle.read())
+    except FileNotFoundError:
+        raise RecoveryError(f"{path}: no job definition (was the job started with "
+                            f"--checkpoint {root}?)") from None
+    except (OSError, ValueError) as exc:
+        raise RecoveryError(f"{path}: unreadable job definition: {exc}") from exc
+    if not isinstance(document, dict):
+        raise RecoveryError(f"{path}: the job definition is not a JSON object")
+    return document
+
+
+@dataclass
+class _Attempt:
+    handle: JobHandle
+    previous: int | None
+    began: float = field(default_factory=time.monotonic)
+
+
+class CheckpointedJob:
+    """A job run with periodic checkpoints under ``checkpoint`` that restarts itself from the
+    latest one when a worker fails (``start``, ``stop``, ``result``).
+
+    Args:
+        fn, workers, runtime, options: as for ``tokenflow.execute`` (``coordinator=`` is
+            reused across restarts).
+        checkpoint: the checkpoint directory (local path; on a cluster a directory every
+            executor can reach).
+        interval: seconds between the end of one checkpoint and the start of the next.
+        name: the job's name (default: the function's qualified name).
+        bins: bins of the routing table.
+        restarts: failures to recover from before the job fails for good.
+        keep: committed checkpoints to retain (at least 2: the previous one is the fallback).
+        restore: start from the latest usable checkpoint under ``checkpoint`` if there is one
+            (a resumed job); False: a fresh run (the directory must hold no checkpoint).
+
+    Raises (constructor):
+        ValueError: ``interval <= 0``, ``keep < 2`` or ``restarts < 0``; a fresh run over a
+            directory that holds checkpoints.
+    """
+
+    def __init__(self, fn: Callable[[Any], Any], workers: int = 1, runtime: str = "process", *,
+                 checkpoint: str | os.PathLike[str], interval: float = 1.0, name: str | None = None,
+                 bins: int = DEFAULT_BINS, restarts: int = 3, keep: int = 2, restore: bool = False,
+                 **options: Any) -> None:
+        if interval <= 0:
+            raise ValueError(f"the checkpoint interval must be > 0 s, got {interval}")
+        if keep < 2:
+            raise ValueError(f"keep at least 2 checkpoints (the previous one is the fallback), got {keep}")
+        if restarts < 0:
+            raise ValueError(f"restarts must be >= 0, got {restarts}")
+        self.root = os.path.abspath(os.fspath(checkpoint))
+        if not restore and committed_epochs(self.root):
+            raise ValueError(f"{self.root} holds checkpoints of an earlier run: resume it "
+                             f"(`tokenflow resume {self.root}`) or choose another directory")
+        self.fn = fn
+        self.workers = workers
+        self.runtime = runtime
+        self.interval = interval
+        self.name = name or job_name(fn)
+        self.bins = bins
+        self.restarts = restarts
+        self.keep = keep
+        self.options = options
+        self.stats: list[SnapshotStats] = []
+        """Every checkpoint taken, in order."""
+        self.events: list[Event] = []
+        self.failures = 0
+        """Failures recovered from so far."""
+        self.last_committed: int | None = None
+        """Epoch of the latest committed checkpoint (None before the first)."""
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._result: list[Any] | None = None
+        self._error: BaseException | None = None
+        self._attempt: _Attempt | None = None
+        self._thread: threading.Thread | None = None
+
+    # -- control -------------------------------------------------------------------------------
+
+    def start(self) -> CheckpointedJob:
+        """Start the job (and its checkpoints) in the background; returns ``self``."""
+        os.makedirs(self.root, exist_ok=True)
+        self._thread = threading.Thread(target=self._supervise, daemon=True, name="tokenflow-recovery")
+        self._thread.start()
+        return self
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Ask the job to take a last checkpoint and stop (returns at once; ``result()``
+        waits).  A later resume redoes no epoch."""
+        self._stop.set()
+        self._wake.set()
+
+    def result(self, timeout: float | None = None) -> list[Any]:
+        """The per-worker results once the job ends (or stopped).
+
+        Raises:
+            TimeoutError: still running after ``timeout`` s.
+            WorkerError: the job failed more than ``restarts`` times (the last failure).
+        """
+        if self._thread is None:
+            raise RuntimeError("the job was not started")
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"job {self.name!r} still running after {timeout} s")
+        if self._error is not None:
+            raise self._error
+        return self._result or []
+
+    def run(self) -> list[Any]:
+        """``start()`` then ``result()``; Ctrl-C stops the job at a checkpoint."""
+        self.start()
+        try:
+            return self.result()
+        except KeyboardInterrupt:
+            self.stop()
+            return self.result()
+
+    # -- the supervisor ------------------------------------------------------------------------
+
+    def _note(self, kind: str, epoch: int | None, detail: str, level: int = logging.INFO) -> None:
+        self.events.append(Event(kind, time.time(), epoch, detail))
+        log.log(level, "%s: %s", self.name, detail)
+
+    def _supervise(self) -> None:
+        try:
+            self._result = self._attempts()
+        except BaseException as exc:  # noqa: BLE001 - handed to result()
+            self._error = exc
+
+    def _attempts(self) -> list[Any]:
+        while True:
+            epoch = latest_usable(self.root, self.name, self.bins, lambda e, why: self._note(
+                "fallback", e, f"checkpoint at epoch {e} is unusable, falling back to the "
+                               f"previous one: {why}", logging.WARNING))
+            if epoch is not None:
+                self._note("restore", epoch, f"starting from the checkpoint at epoch {epoch}")
+            self.last_committed = epoch
+            spec = JobSpec.create(self.name, self.workers, self.bins,
+                                  self.root if epoch is not None else None, epoch,
+                                  control=True, replay=self.failures > 0 or epoch is not None,
+                                  log_root=self.root)
+            coordinator = self.options.get("coordinator")
+            if coordinator is not None:
+                _drain(coordinator)
+            handle = start(self.fn, self.workers, self.runtime, spec=spec, **self.options)
+            self._attempt = _Attempt(handle, epoch)
+            self._checkpoint_loop(self._attempt)
+            try:
+                return handle.result()
+            except (JobTimeoutError, KeyboardInterrupt):
+                raise
+            except WorkerError as exc:
+                if self._stop.is_set() or self.failures >= self.restarts:
+                    raise
+                self.failures += 1
+                self._note("restart", self.last_committed,
+                           f"worker {exc.worker} failed ({exc}); restart {self.failures} of "
+                           f"{self.restarts} from the latest checkpoint", logging.WARNING)
+
+    def _checkpoint_loop(self, attempt: _Attempt) -> None:
+        handle = attempt.handle
+        while handle.running:
+            self._wake.wait(self.interval)
+            self._wake.clear()
+            if not handle.running:
+                return
+            request = os.path.join(self.root, STOP_REQUEST)
+            if os.path.exists(request):
+                os.remove(request)
+                self._stop.set()
+            stop = self._stop.is_set()
+            try:
+                epoch = take_snapshot(handle.hub, list(range(self.workers)), self.root, self.name,
+                                      handle.spec.table, stop=stop, alive=lambda: handle.running,
+                                      previous=attempt.previous, stats=self.stats)
+            except (ControlError, SnapshotError, OSError) as exc:
+                if not handle.running:
+                    return  # the job ended or failed meanwhile: the supervisor sees which
+                self._note("checkpoint", None, f"checkpoint failed: {exc}", logging.WARNING)
+                continue
+            if epoch is not None:
+                attempt.previous = self.last_committed = epoch
+                self._note("checkpoint", epoch, f"checkpoint at epoch {epoch} committed")
+                self._prune()
+            if stop:
+                self._note("stop", self.last_committed, "stopped at a checkpoint")
+                return
+
+    def _prune(self) -> None:
+        prune(self.root, self.keep)
+        kept = committed_epochs(self.root)
+        if kept:
+            try:
+                from tokenflow.io.inputlog import truncate
+            except ImportError:  # pragma: no cover - the io layer is part of the package
+                return
+            truncate(self.root, kept[0])
+
+
+def _drain(coordinator: Any) -> None:
+    """Drop control replies left from an earlier attempt."""
+    inbox = getattr(coordinator, "inbox", None)
+    while inbox is not None and not inbox.empty():
+        inbox.get_nowait()
+
+
+def run_checkpointed(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "process", *,
+                     checkpoint: str | os.PathLike[str], interval: float = 1.0,
+                     **options: Any) -> list[Any]:
+    """Run ``fn`` like ``execute`` with checkpoints every ``interval`` s under ``checkpoint``,
+    recovering from worker failures (``CheckpointedJob``; ``options`` as there).  Returns the
+    per-worker results.
+
+    Raises:
+        WorkerError: the job failed more often than ``restarts`` (default 3).
+    """
+    return CheckpointedJob(fn, workers, runtime, checkpoint=checkpoint, interval=interval,
+                           **options).run()
+
+
+__all__ = ["JOB_FILE", "STOP_REQUEST", "CheckpointedJob", "Event", "RecoveryError", "latest_usable",
+           "read_definition", "run_checkpointed", "write_definition"]

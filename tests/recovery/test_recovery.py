@@ -1,0 +1,66 @@
+"""Exactly-once recovery (``tokenflow.recovery``): a job that fails restarts from its latest
+checkpoint and its committed output equals a failure-free run's, epoch by epoch."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from recovery_jobs import NAME, committed_rows, wordcount, words_table
+
+from tokenflow import execute
+from tokenflow.recovery import CheckpointedJob
+from tokenflow.state.snapshot import committed_epochs
+
+
+@pytest.fixture(scope="module")
+def table():
+    return words_table()
+
+
+@pytest.fixture(scope="module")
+def expected(table, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    execute(wordcount(table, str(out)), workers=2, name=NAME)
+    rows = committed_rows(out)
+    assert len(rows) == table.num_rows
+    return rows
+
+
+def test_a_worker_that_raises_is_recovered_on_threads(tmp_path: Path, table, expected) -> None:
+    fail = tmp_path / "fail"
+    fail.touch()
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pace=0.002, fail=str(fail)),
+                          workers=2, runtime="thread", checkpoint=tmp_path / "ckpt",
+                          interval=0.05, name=NAME)
+    job.run()
+    assert not fail.exists(), "the failure was not injected: the test proves nothing"
+    assert job.failures == 1
+    assert [e.kind for e in job.events].count("restart") == 1
+    assert committed_rows(tmp_path / "out") == expected
+
+
+def wait_for(condition, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)
+
+
+def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expected) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    ckpt = tmp_path / "ckpt"
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.01),
+                          workers=2, runtime="process", checkpoint=ckpt, interval=0.2, name=NAME)
+    job.start()
+    wait_for(lambda: len(committed_epochs(ckpt)) >= 2)
+    victim = sorted(pids.iterdir())[1]
+    os.kill(int(victim.name.split("-")[0]), signal.SIGKILL)
+    job.result(timeout=180)
+    assert job.failures == 1
+    assert len(list(pids.iterdir())) == 4  # two attempts of two workers
+    assert committed_rows(tmp_path / "out") == expected
