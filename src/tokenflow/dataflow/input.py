@@ -11,10 +11,27 @@ moves the handle to ``e`` and steps the worker there until the job resumes (then
 job restored from a snapshot of epoch ``e`` runs the same worker code again, and the handle
 drops what it is given before ``e`` (already in the snapshot), so a deterministic input loop
 feeds every epoch exactly once.
+
+With an input log (``worker.input_log``, a ``tokenflow.io.inputlog.InputLog``; the
+distributed-DBSP design, "Input" and "Input/output synchronization") the worker code need not
+be deterministic.  The handle logs every batch it sends at its epoch, and when it moves past
+an epoch (``advance_to``, a snapshot pause, ``close``) it seals that epoch — the file is
+durable — *before* it downgrades or drops its token: no output of an epoch can be released
+before the epoch's input is durable, since output waits for the frontier to pass the epoch.  A
+run that restores a snapshot of epoch ``e`` (or any run with ``worker.replay`` set, from the
+handle's first epoch) replays the logged epochs from ``e`` on, at their epochs, on its first
+step or first call, and then drops what the worker code gives before the first epoch not
+logged (``Replay.until``); from there on the worker code's input is logged again.  When the
+logged input ended (every old worker closed its handle), the handle closes after the replay
+and ignores the worker code.  A run that neither restores nor replays refuses a log that
+already holds epochs of its input.  Limits: epochs must be ints; a handle that is garbage
+collected rather than closed logs no end (a restored run then takes the epochs after its last
+seal from the worker code); the job stopping after a snapshot (``Worker.stop``) logs no end.
 """
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from tokenflow.dataflow.capability import Capability, CapabilityError
@@ -39,11 +56,20 @@ class InputHandle:
     """
 
     __slots__ = ("_output", "_metrics", "_cap", "_activate", "_buffer", "name", "_worker",
-                 "_start", "_pause", "_sent_at_time", "_user_time", "__weakref__")
+                 "_start", "_pause", "_sent_at_time", "_user_time", "_log", "_key", "_replay",
+                 "_ended", "__weakref__")
 
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
                  name: str, metrics: dict[str, int] | None = None, worker: Any = None,
-                 start: Any = None) -> None:
+                 start: Any = None, log: Any = None, key: str | None = None) -> None:
+        """``log``: the worker's input log (``InputLog``) or None; ``key``: the handle's key
+        in it (the key it registers under as a source).
+
+        Raises:
+            TypeError: a log is given and the epochs are not ints.
+            InputLogError: the log cannot be read, or a run that does not replay finds epochs
+                of this input already logged.
+        """
         self._output = output
         self._metrics = metrics if metrics is not None else {}
         self._cap: Capability | None = capability
@@ -57,6 +83,75 @@ class InputHandle:
         self._user_time = capability.time  # the epoch the worker code is at
         if start is not None and not less_equal(start, capability.time):
             capability.downgrade(start)  # restored: the input starts at the snapshot's epoch
+        self._log = log
+        self._key = key if key is not None else name
+        self._replay: Any = None  # the log's Replay, until it has been given
+        self._ended = False  # closed by the replay: the logged input ended
+        if log is not None:
+            self._open_log(start)
+
+    # -- the input log ---------------------------------------------------------------------
+
+    def _open_log(self, start: Any) -> None:
+        """Bind the log to the worker count and, on a run that replays, plan the replay: from
+        the handle's epoch (a restored snapshot's) to the first epoch not logged, which then
+        becomes the epoch before which the worker code's input is dropped."""
+        log, cap = self._log, self._cap
+        assert cap is not None
+        since = cap.time
+        if type(since) is not int:
+            raise TypeError(f"input {self.name!r}: the input log needs int epochs, got {since!r}")
+        worker = self._worker
+        log.bind(int(getattr(worker, "peers", 1)))
+        if start is None and not getattr(worker, "replay", False):
+            log.ensure_fresh(self._key, since)
+            return
+        plan = log.replay(self._key, since)
+        if plan.until == since:
+            return  # nothing logged from the snapshot's epoch on
+        self._replay = plan
+        if plan.until is not None:
+            self._start = plan.until
+
+    def _ensure_replayed(self) -> None:
+        """Give the planned replay (once): each logged epoch's batches at that epoch, then move
+        to the first epoch not logged (or close, when the logged input ended)."""
+        plan = self._replay
+        if plan is None:
+            return
+        self._replay = None
+        cap = self._cap
+        if cap is None:
+            return
+        for epoch in plan.epochs:
+            batches = plan.batches(epoch)
+            if epoch != cap.time:
+                cap.downgrade(epoch)
+            for batch in batches:
+                self._output.give_batch(cap, batch)
+                self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
+        if plan.until is None:
+            self._ended = True
+            cap.drop()
+            self._cap = None
+        elif plan.until != cap.time:
+            cap.downgrade(plan.until)
+        self._sent_at_time = False
+        self._activate()
+
+    def _log_batch(self, cap: Capability, batch: Any) -> None:
+        if self._log is not None:
+            self._log.append(self._key, cap.time, [batch])
+
+    def _seal(self, cap: Capability, until: Any) -> None:
+        """Before the token leaves its epoch for ``until`` (None: it is dropped): make the
+        epoch's input durable."""
+        if self._log is None or getattr(self._worker, "stopped", False):
+            return
+        if until is None:
+            self._log.seal_last(self._key, cap.time)
+        else:
+            self._log.seal(self._key, cap.time, until)
 
     @property
     def time(self) -> Any:
@@ -65,12 +160,14 @@ class InputHandle:
         Raises:
             CapabilityError: after ``close()``.
         """
+        self._ensure_replayed()
         if self._cap is None:
             raise CapabilityError(f"input {self.name!r} is closed")
         return self._cap.time
 
     @property
     def closed(self) -> bool:
+        self._ensure_replayed()
         return self._cap is None
 
     def send(self, record: Any) -> None:
@@ -79,7 +176,11 @@ class InputHandle:
         Raises:
             CapabilityError: after ``close()``.
         """
+        if self._replay is not None:
+            self._ensure_replayed()
         if self._cap is None:
+            if self._ended:
+                return  # the logged input ended: the worker code's input is not used
             self._check_stopped()
             raise CapabilityError(f"input {self.name!r} is closed: cannot send {record!r}")
         if self._replayed():
@@ -91,6 +192,9 @@ class InputHandle:
 
     def send_batch(self, batch: Any) -> None:
         """Send a whole batch (``list`` or ``RecordBatch``) at the current epoch."""
+        self._ensure_replayed()
+        if self._ended:
+            return
         self.flush()
         cap = self._live()
         if self._replayed():
@@ -98,17 +202,20 @@ class InputHandle:
         self._wait_if_paused()
         cap = self._live()
         self._sent_at_time = True
+        self._log_batch(cap, batch)
         self._output.give_batch(cap, batch)
         self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
         self._activate()
 
     def flush(self) -> None:
         """Push buffered records now."""
+        self._ensure_replayed()
         if self._buffer:
             cap = self._live()
             batch = self._buffer
             self._buffer = []
             self._sent_at_time = True
+            self._log_batch(cap, batch)
             self._output.give_batch(cap, batch)
             self._metrics["records_in"] = self._metrics.get("records_in", 0) + len(batch)
             self._activate()
@@ -118,7 +225,12 @@ class InputHandle:
 
         Raises:
             CapabilityError: when ``time`` is earlier than the current epoch, or after close.
+            InputLogError: sealing the epoch in the input log failed.
         """
+        self._ensure_replayed()
+        if self._ended:
+            self._user_time = time
+            return
         cap = self._live()
         if not less_equal(self._user_time, time):
             raise CapabilityError(
@@ -132,14 +244,20 @@ class InputHandle:
             self._hold()  # a snapshot pause: wait at the pause epoch until resumed or stopped
             cap = self._live()
         if time != cap.time:
+            if less_equal(cap.time, time):
+                self._seal(cap, time)  # durable before the token moves on
             self._sent_at_time = False
         cap.downgrade(time)
         self._activate()
 
     def close(self) -> None:
-        """End the input: no more records, its frontier becomes empty (idempotent)."""
+        """End the input: no more records, its frontier becomes empty (idempotent).  With an
+        input log, the end is sealed first (not when the job was stopped: it goes on after a
+        restore)."""
+        self._ensure_replayed()
         if self._cap is not None:
             self.flush()
+            self._seal(self._cap, None)
             self._cap.drop()
             self._cap = None
             self._activate()
@@ -164,6 +282,7 @@ class InputHandle:
         cap = self._live()
         if cap.time != self._pause:
             self._sent_at_time = False
+            self._seal(cap, self._pause)  # durable before the token moves to the pause
             cap.downgrade(self._pause)
             self._activate()
         at = cap.time
@@ -186,11 +305,13 @@ class InputHandle:
     @property
     def frontier(self) -> Any:
         """The handle's epoch (None once closed)."""
+        self._ensure_replayed()
         return None if self._cap is None else self._cap.time
 
     def safe_point(self) -> Any:
         """The least epoch the handle can pause at now: its epoch, or the next one when it has
         sent at it (None once closed)."""
+        self._ensure_replayed()
         if self._cap is None:
             return None
         t = self._cap.time
@@ -202,6 +323,7 @@ class InputHandle:
         Raises:
             ValueError: the handle already sent data at or after ``epoch``.
         """
+        self._ensure_replayed()
         cap = self._cap
         if cap is not None and not less_equal(cap.time, epoch) and cap.time != epoch:
             raise ValueError(f"input {self.name!r}: cannot pause at {epoch!r}: already at "
@@ -218,6 +340,7 @@ class InputHandle:
     @property
     def paused(self) -> bool:
         """True once paused at the pause epoch (or closed)."""
+        self._ensure_replayed()
         return self._cap is None or (self._pause is not None and self._cap.time == self._pause)
 
     def positions(self) -> dict[str, Any]:
@@ -241,19 +364,31 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
     builder = OperatorBuilder(name, scope, notify=False)
     output, stream = builder.new_output()
     holder: list[Capability] = []
+    ref: list[Any] = []  # a weak reference to the handle, once made
+
+    def logic(frontiers: Any) -> bool:
+        handle = ref[0]() if ref else None
+        if handle is not None and handle._replay is not None:
+            handle._ensure_replayed()  # the first step gives a logged replay
+        return False
 
     def constructor(capabilities: list[Capability]) -> Any:
         holder.extend(capabilities)
-        return lambda frontiers: False
+        return logic
 
     builder.build(constructor)
     worker = scope.worker
     key = f"{'.'.join(map(str, builder.core.path))}:{name}"
     lookup = getattr(worker, "restored_positions", None)
     restored = lookup(key) if lookup is not None else None
-    handle = InputHandle(output, holder[0], builder.activator(), name,
+    log = getattr(worker, "input_log", None)
+    activate = builder.activator()
+    handle = InputHandle(output, holder[0], activate, name,
                          getattr(worker, "metrics", None), worker,
-                         None if restored is None else restored[1])
+                         None if restored is None else restored[1], log, key)
+    if handle._replay is not None:
+        ref.append(weakref.ref(handle))
+        activate()
     register = getattr(worker, "register_source", None)
     if register is not None:
         register(key, handle, weak=True)
