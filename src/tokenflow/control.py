@@ -52,16 +52,17 @@ written hold the effect of every record before the pause epoch and of none at or
 
 from __future__ import annotations
 
+import itertools
 import math
 import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from tokenflow.state.bins import RoutingTable
-from tokenflow.state.snapshot import WorkerPart, commit_snapshot, write_worker_part
+from tokenflow.state.snapshot import SnapshotError, WorkerPart, commit_snapshot, write_worker_part
 
 
 class ControlError(RuntimeError):
@@ -175,6 +176,7 @@ class ControlAgent:
         self.announced = False  # told the driver that every source holds at the pause
         self.draining = False  # the driver asked for idle reports
         self.stopped = False
+        self.round: Any = None  # the protocol round of the last command, echoed in replies
         self._writer: threading.Thread | None = None
         self._parts: dict[int, dict[str, dict[int, list[int]]]] = {}  # epoch -> blob entries
 
@@ -186,7 +188,8 @@ class ControlAgent:
             return
         if not self.announced and self._paused(worker):
             self.announced = True
-            self.link.send({"kind": "paused", "worker": worker.index, "epoch": self.pause_epoch})
+            self.link.send({"kind": "paused", "worker": worker.index, "epoch": self.pause_epoch,
+                            "round": self.round})
         if self.draining and self._paused(worker) and worker.activations.is_empty():
             self._report_idle(worker)
 
@@ -199,6 +202,7 @@ class ControlAgent:
     def _report_idle(self, worker: Any) -> None:
         """Reply ``idle`` and wait, without stepping, for the verdict."""
         self.link.send({"kind": "idle", "worker": worker.index, "epoch": self.pause_epoch,
+                        "round": self.round,
                         "sent": worker.traffic.sent, "received": worker.traffic.received})
         message: dict[str, Any] | None = self._await(worker)
         while message is not None:
@@ -222,7 +226,8 @@ class ControlAgent:
         meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
         base = self._parts.get(int(previous)) if previous is not None else None
         index, bins = worker.index, worker.routing.bins
-        self.link.send({"kind": "captured", "worker": index, "epoch": epoch})
+        round_ = self.round
+        self.link.send({"kind": "captured", "worker": index, "epoch": epoch, "round": round_})
 
         def write() -> None:
             try:
@@ -230,11 +235,12 @@ class ControlAgent:
                                          worker=index, bins=bins, states=states, meta=meta,
                                          previous=base)
             except Exception as exc:  # noqa: BLE001 - reported to the driver
-                self.link.send({"kind": "write_failed", "worker": index,
+                self.link.send({"kind": "write_failed", "worker": index, "round": round_,
                                 "error": f"{type(exc).__name__}: {exc}"[:2000]})
                 return
             self._parts = {epoch: part.entries or {}}  # the next part builds on this one
-            self.link.send({"kind": "written", "worker": index, "index_path": part.index_path,
+            self.link.send({"kind": "written", "worker": index, "round": round_,
+                            "index_path": part.index_path,
                             "crc32": part.crc32, "bytes_written": part.bytes_written,
                             "bytes_reused": part.bytes_reused})
 
@@ -250,6 +256,7 @@ class ControlAgent:
         """Carry out one command; returns a command to carry out next (one that must follow
         without a step in between), or None."""
         kind = message.get("kind")
+        self.round = message.get("round")
         if kind == "hold":
             points, step = [], 1
             for source in self._sources(worker):
@@ -258,7 +265,7 @@ class ControlAgent:
                 if point is not None:
                     source.pause_at(point)
                     points.append(point)
-            self.link.send({"kind": "held", "worker": worker.index,
+            self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
                             "point": max(points) if points else None, "granularity": step})
         elif kind == "pause_at":
             epoch = int(message["epoch"])
@@ -290,8 +297,9 @@ class ControlAgent:
 
 
 def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
-            alive: Callable[[], bool] | None = None) -> dict[int, dict[str, Any]]:
-    """One reply of ``kind`` from each of ``workers``.
+            alive: Callable[[], bool] | None = None, round_: Any = None) -> dict[int, dict[str, Any]]:
+    """One reply of ``kind`` from each of ``workers``; replies of another protocol round
+    than ``round_`` (left over from a round that failed) are dropped.
 
     Raises:
         ControlError: a reply of another kind, none within ``timeout`` seconds, or the job
@@ -310,6 +318,8 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
                 raise ControlError(f"the job ended before workers {sorted(waiting)} sent "
                                    f"{kind!r} (nothing left to snapshot?)")
             raise ControlError(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
+        if message.get("round") != round_:
+            continue  # a reply to an earlier, abandoned round
         if message.get("kind") == "write_failed":
             raise ControlError(f"worker {message.get('worker')} could not write its snapshot "
                                f"part: {message.get('error')}")
@@ -333,6 +343,9 @@ class SnapshotStats:
         total: seconds from ``hold`` until the manifest was written.
         bytes_written: bytes of the files written by all workers.
         bytes_reused: bytes of unchanged blobs referenced in earlier snapshots.
+        phases: seconds from ``hold`` until each protocol step completed: ``held``,
+            ``paused`` (every source at the epoch), ``idle`` (quiescent), ``captured``,
+            ``written``.
     """
 
     epoch: int
@@ -340,6 +353,7 @@ class SnapshotStats:
     total: float
     bytes_written: int
     bytes_reused: int
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -361,53 +375,78 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
         SnapshotError: a worker's part cannot be committed.
     """
+    round_ = next(_ROUNDS)
+
+    def send_all(kind: str, **fields: Any) -> None:
+        for w in workers:
+            hub.send(w, {"kind": kind, "round": round_, **fields})
+
+    def gather(kind: str) -> dict[int, dict[str, Any]]:
+        return _gather(hub, kind, workers, timeout, alive, round_)
+
+    try:
+        return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats)
+    except (ControlError, SnapshotError):
+        if alive is None or alive():
+            try:  # whoever is still paused goes on; their replies to this round are ignored
+                send_all("resume")
+            except (ControlError, OSError, KeyError):
+                pass
+        raise
+
+
+_ROUNDS = itertools.count(int(time.time() * 1000) % 10**9)
+"""Protocol round numbers: every command of a ``take_snapshot`` carries one, every reply
+echoes it, so a reply to an abandoned round is never taken for one of the current round."""
+
+
+def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[int, dict[str, Any]]],
+                    root: str, job: str, routing: RoutingTable, stop: bool,
+                    on_epoch: Callable[[int], None] | None, previous: int | None,
+                    stats: list[SnapshotStats] | None) -> int | None:
     began = time.monotonic()
-    for w in workers:
-        hub.send(w, {"kind": "hold"})
-    held = _gather(hub, "held", workers, timeout, alive)
+    send_all("hold")
+    held = gather("held")
+    phases = {"held": time.monotonic() - began}
     points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
     epoch = -(-epoch // step) * step  # a boundary of every source's granularity
     if previous is not None and epoch <= previous:
-        for w in workers:  # nothing new since the previous snapshot: it stands for this one
-            hub.send(w, {"kind": "stop" if stop else "resume"})
+        # nothing new since the previous snapshot: it stands for this one
+        send_all("stop" if stop else "resume")
         return None
     if on_epoch is not None:
         on_epoch(epoch)
-    for w in workers:
-        hub.send(w, {"kind": "pause_at", "epoch": epoch})
-    _gather(hub, "paused", workers, timeout, alive)
-    for w in workers:  # every source holds at the pause: no worker waits on another's input
-        hub.send(w, {"kind": "drain"})
+    send_all("pause_at", epoch=epoch)
+    gather("paused")
+    phases["paused"] = time.monotonic() - began
+    send_all("drain")  # every source holds at the pause: no worker waits on another's input
     while True:
-        idle = _gather(hub, "idle", workers, timeout, alive)
+        idle = gather("idle")
         sent = sum(int(r["sent"]) for r in idle.values())
         received = sum(int(r["received"]) for r in idle.values())
         if sent == received:
+            phases["idle"] = time.monotonic() - began
             break
-        for w in workers:
-            hub.send(w, {"kind": "continue"})
-    for w in workers:
-        hub.send(w, {"kind": "snapshot", "root": root, "job": job, "epoch": epoch,
-                     "previous": previous})
-    _gather(hub, "captured", workers, timeout, alive)
-    paused = time.monotonic() - began
+        send_all("continue")
+    send_all("snapshot", root=root, job=job, epoch=epoch, previous=previous)
+    gather("captured")
+    paused = phases["captured"] = time.monotonic() - began
     if not stop:
-        for w in workers:
-            hub.send(w, {"kind": "resume"})
-    written = _gather(hub, "written", workers, timeout, alive)
+        send_all("resume")
+    written = gather("written")
+    phases["written"] = time.monotonic() - began
     parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]),
                         int(r.get("bytes_reused", 0)))
              for w, r in sorted(written.items())]
     commit_snapshot(root, job=job, epoch=epoch, bins=routing.bins, routing=routing, parts=parts)
     if stop:
-        for w in workers:
-            hub.send(w, {"kind": "stop"})
+        send_all("stop")
     if stats is not None:
         stats.append(SnapshotStats(epoch, paused, time.monotonic() - began,
                                    sum(p.bytes_written for p in parts),
-                                   sum(p.bytes_reused for p in parts)))
+                                   sum(p.bytes_reused for p in parts), phases))
     return epoch
 
 

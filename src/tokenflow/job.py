@@ -15,6 +15,7 @@ so that only the bins whose owner changes are read by a worker that did not writ
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -41,6 +42,8 @@ class JobSpec:
         replay: the run may redo epochs a failed run of the job already produced
             (``Worker.replay``: committing sinks discard those epochs).
         log_root: where the job's durable input log lives (``Worker.input_log``), or None.
+        run: this run's tag, the same on every worker (made on the driver): the input log
+            tells runs apart by it.
     """
 
     name: str
@@ -50,6 +53,7 @@ class JobSpec:
     control: bool = False
     replay: bool = False
     log_root: str | None = None
+    run: str = field(default_factory=lambda: f"{time.time_ns():020d}")
     _table: RoutingTable | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -88,12 +92,10 @@ class JobSpec:
         worker.routing = self.table
         worker.replay = self.replay
         if self.log_root is not None:
-            try:
-                from tokenflow.io.inputlog import InputLog  # the io layer, above this one
-            except ModuleNotFoundError:  # TEMPORARY until the input log lands
-                InputLog = None  # type: ignore[assignment,misc]  # noqa: N806
-            if InputLog is not None:
-                worker.input_log = InputLog(self.log_root, self.name, worker.index)
+            from tokenflow.io.inputlog import InputLog  # the io layer, above this one
+
+            worker.input_log = InputLog(self.log_root, self.name, worker.index, peers=worker.peers,
+                                        run=self.run)
         if self.restore_root is not None:
             worker.restore = Snapshot.open(self.restore_root, self.restore_epoch, job=self.name,
                                            bins=self.table.bins)
@@ -145,8 +147,10 @@ class JobHandle:
         """
         from tokenflow.control import take_snapshot
 
-        return take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
-                             self.spec.table, stop=stop, timeout=timeout, alive=self._thread.is_alive)
+        epoch = take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
+                              self.spec.table, stop=stop, timeout=timeout, alive=self._thread.is_alive)
+        assert epoch is not None  # only a snapshot building on a previous one is skipped
+        return epoch
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The per-worker results once the job ends.

@@ -196,6 +196,9 @@ class CheckpointedJob:
         self.restarts = restarts
         self.keep = keep
         self.options = options
+        self.resumed = restore
+        """A resumed job: the checkpoint directory may hold output and input log of an
+        earlier run even without a checkpoint."""
         self.stats: list[SnapshotStats] = []
         """Every checkpoint taken, in order."""
         self.events: list[Event] = []
@@ -276,7 +279,8 @@ class CheckpointedJob:
             self.last_committed = epoch
             spec = JobSpec.create(self.name, self.workers, self.bins,
                                   self.root if epoch is not None else None, epoch,
-                                  control=True, replay=self.failures > 0 or epoch is not None,
+                                  control=True,
+                                  replay=self.failures > 0 or epoch is not None or self.resumed,
                                   log_root=self.root)
             coordinator = self.options.get("coordinator")
             if coordinator is not None:
@@ -329,11 +333,8 @@ class CheckpointedJob:
         prune(self.root, self.keep)
         kept = committed_epochs(self.root)
         if kept:
-            try:
-                from tokenflow.io.inputlog import truncate
-            except ImportError:  # pragma: no cover - the io layer is part of the package
-                return
-            truncate(self.root, kept[0])
+            from tokenflow.io.inputlog import truncate
+            truncate(self.root, kept[0], job=self.name)
 
 
 def _drain(coordinator: Any) -> None:

@@ -62,6 +62,10 @@ class QueryResult:
         epoch_times: the epochs' logical times (ms since the Unix epoch).
         granularity_ms: the epoch length in ms of event time.
         output: the Parquet dataset directory, when one was written.
+        checkpoints: with ``checkpoint=``, what each checkpoint cost
+            (``tokenflow.control.SnapshotStats``), in order.
+        failures: with ``checkpoint=``, worker failures the job recovered from (the other
+            measurements are then those of the last attempt).
     """
 
     query: str
@@ -77,6 +81,8 @@ class QueryResult:
     epoch_times: list[int] = field(default_factory=list)
     granularity_ms: int = 1000
     output: str | None = None
+    checkpoints: list[Any] = field(default_factory=list)
+    failures: int = 0
 
 
 def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> list[tuple[int, int, int]]:
@@ -126,7 +132,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
               report_to: tuple[str, int, str] | None = None,
-              input: str | os.PathLike[str] | None = None, routing: str = "bins") -> QueryResult:
+              input: str | os.PathLike[str] | None = None, routing: str = "bins",
+              checkpoint: str | os.PathLike[str] | None = None, checkpoint_interval: float = 1.0,
+              resume: bool = False) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -156,6 +164,12 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         routing: ``"bins"`` (keyed exchanges through the job's routing table, the default) or
             ``"direct"`` (a key's hash picks the worker directly, without bins: only for
             measuring what the routing table costs).
+        checkpoint: a directory; when given, the job takes a checkpoint every
+            ``checkpoint_interval`` seconds there and restarts from the latest one when a
+            worker fails (``tokenflow.recovery.CheckpointedJob``; with ``output``, the
+            committed dataset is the same as a failure-free run's).
+        resume: continue the job from the latest checkpoint under ``checkpoint`` (after the
+            driver died); without it that directory must hold no checkpoint.
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -272,7 +286,18 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         options["master"] = master
     if report_to is not None:
         options["report_to"] = report_to
-    results = execute(job, workers=workers, runtime=runtime, **options)
+    checkpoints: list[Any] = []
+    failures = 0
+    if checkpoint is None:
+        results = execute(job, workers=workers, runtime=runtime, **options)
+    else:
+        from tokenflow.recovery import CheckpointedJob
+
+        runner = CheckpointedJob(job, workers, runtime, checkpoint=checkpoint,
+                                 interval=checkpoint_interval, name=f"nexmark.{name}",
+                                 restore=resume, **options)
+        results = runner.run()
+        checkpoints, failures = runner.stats, runner.failures
 
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
     epoch_times = [t for t, _, _ in plan]
@@ -280,14 +305,14 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         1000.0 * (max(r["passed"][t] for r in results) - max(r["sent"][t] for r in results))
         for t in epoch_times
     ]
-    tables = [r["table"] for r in results if r["table"] is not None]
-    rows = _frame(tables, columns)
+    outputs = [r["table"] for r in results if r["table"] is not None]
+    rows = _frame(outputs, columns)
     p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies else (np.nan, np.nan)
     return QueryResult(
         query=name, events=events, workers=workers, runtime=runtime, rows=rows, seconds=seconds,
         events_per_second=events / seconds if seconds > 0 else float("inf"),
         latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
-        granularity_ms=granularity_ms, output=directory)
+        granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures)
 
 
 def _frame(tables: list[pa.Table], columns: list[str]) -> pd.DataFrame:

@@ -53,6 +53,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from tokenflow.faults import crash_point
 from tokenflow.state.bins import RoutingTable, check_bins
 
 FORMAT = 1
@@ -375,6 +376,7 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
     _make_dir(fs, base, directory)
     blobs = _BlobWriter(checked, epoch, worker, previous)
     bins_size, bins_crc = _write_file(fs, directory, _part_name(worker, "bins"), blobs.chunks())
+    crash_point("snapshot.part")
     index = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins, "worker": worker,
              "states": blobs.index, "meta": meta_doc, "bins_crc32": bins_crc}
     index_name = _part_name(worker, "json")
@@ -439,6 +441,7 @@ def commit_snapshot(root: str | os.PathLike[str], *, job: str, epoch: int, bins:
                 "routing": routing.to_json(), "workers": [p.worker for p in ordered],
                 "parts": {str(p.worker): p.crc32 for p in ordered}, "meta": meta_doc,
                 "created": datetime.now(UTC).isoformat()}
+    crash_point("snapshot.commit")
     _write_file(fs, directory, MANIFEST, [_dumps(manifest)])
     return _join(directory, MANIFEST)
 

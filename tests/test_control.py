@@ -1,0 +1,63 @@
+"""The control plane's snapshot rounds: replies to an abandoned round are never mistaken for
+the current one's, a failed round leaves the job running, and asynchronous snapshots resume
+the job before their files are written."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+from recovery_jobs import NAME, committed_rows, wordcount, words_table
+
+from tokenflow import execute
+from tokenflow.control import ControlError, take_snapshot
+from tokenflow.job import start
+from tokenflow.state.snapshot import Snapshot, committed_epochs
+
+
+@pytest.fixture(scope="module")
+def table():
+    return words_table(epochs=40, rows=6000)
+
+
+@pytest.fixture(scope="module")
+def expected(table, tmp_path_factory):
+    out = tmp_path_factory.mktemp("whole")
+    execute(wordcount(table, str(out)), workers=2, name=NAME)
+    return committed_rows(out)
+
+
+def test_a_failed_round_leaves_the_job_running_and_stale_replies_are_ignored(
+        tmp_path: Path, table, expected) -> None:
+    handle = start(wordcount(table, str(tmp_path / "out"), pace=0.003), workers=2, name=NAME)
+    workers = [0, 1]
+    with pytest.raises(ControlError, match="within"):
+        # no worker can answer in a microsecond: the round fails and is abandoned
+        take_snapshot(handle.hub, workers, str(tmp_path / "snap"), NAME, handle.spec.table,
+                      stop=False, timeout=1e-6, alive=lambda: handle.running)
+    # a reply that looks right but belongs to no round
+    handle.hub.replies.put({"kind": "held", "worker": 0, "point": 10**9, "granularity": 1,
+                            "round": -1})
+    epoch = take_snapshot(handle.hub, workers, str(tmp_path / "snap"), NAME, handle.spec.table,
+                          stop=False, alive=lambda: handle.running)
+    assert epoch is not None and epoch < 10**9  # the stale 'held' was not taken
+    handle.result(timeout=120)
+    assert committed_epochs(tmp_path / "snap") == [epoch]
+    assert committed_rows(tmp_path / "out") == expected
+
+
+def test_snapshots_build_on_the_previous_one(tmp_path: Path, table) -> None:
+    handle = start(wordcount(table, str(tmp_path / "out"), pace=0.003), workers=2, name=NAME)
+    stats: list = []
+    first = take_snapshot(handle.hub, [0, 1], str(tmp_path / "snap"), NAME, handle.spec.table,
+                          stop=False, alive=lambda: handle.running, stats=stats)
+    time.sleep(0.3)  # the sources move on meanwhile (60 epochs take about 2 s)
+    again = take_snapshot(handle.hub, [0, 1], str(tmp_path / "snap"), NAME, handle.spec.table,
+                          stop=False, alive=lambda: handle.running, previous=first, stats=stats)
+    handle.result(timeout=120)
+    assert first is not None and again is not None
+    assert again > first
+    assert stats[1].bytes_reused > 0  # word counts of words not seen since are referenced
+    assert stats[1].phases["captured"] <= stats[1].phases["written"]
+    Snapshot.open(tmp_path / "snap", again).verify()
