@@ -48,11 +48,11 @@ def test_a_failed_round_leaves_the_job_running_and_stale_replies_are_ignored(
 
 
 def test_snapshots_build_on_the_previous_one(tmp_path: Path, table) -> None:
-    handle = start(wordcount(table, str(tmp_path / "out"), pace=0.003), workers=2, name=NAME)
+    handle = start(wordcount(table, str(tmp_path / "out"), pace=0.02), workers=2, name=NAME)
     stats: list = []
     first = take_snapshot(handle.hub, [0, 1], str(tmp_path / "snap"), NAME, handle.spec.table,
                           stop=False, alive=lambda: handle.running, stats=stats)
-    time.sleep(0.3)  # the sources move on meanwhile (60 epochs take about 2 s)
+    time.sleep(0.2)  # the sources move on meanwhile (the job takes about 0.6 s)
     again = take_snapshot(handle.hub, [0, 1], str(tmp_path / "snap"), NAME, handle.spec.table,
                           stop=False, alive=lambda: handle.running, previous=first, stats=stats)
     handle.result(timeout=120)
