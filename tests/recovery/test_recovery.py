@@ -13,7 +13,7 @@ from recovery_jobs import NAME, committed_rows, wordcount, words_table
 
 from tokenflow import execute
 from tokenflow.recovery import CheckpointedJob
-from tokenflow.state.snapshot import committed_epochs
+from tokenflow.state.snapshot import committed_epochs, snapshot_dir
 
 
 @pytest.fixture(scope="module")
@@ -64,3 +64,62 @@ def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expecte
     assert job.failures == 1
     assert len(list(pids.iterdir())) == 4  # two attempts of two workers
     assert committed_rows(tmp_path / "out") == expected
+
+
+@pytest.mark.parametrize("point", ["snapshot.part", "parquet.commit"])
+def test_sigkill_at_a_crash_point_is_recovered(tmp_path: Path, table, expected, point: str,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker process SIGKILLs itself in the middle of writing its checkpoint part, or in
+    the middle of committing an epoch of the sink (``tokenflow.faults``)."""
+    trigger = tmp_path / "trigger"
+    trigger.touch()
+    monkeypatch.setenv("TOKENFLOW_CRASH", f"{point}={trigger}")
+    ckpt = tmp_path / "ckpt"
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pace=0.01), workers=2,
+                          runtime="process", checkpoint=ckpt, interval=0.2, name=NAME)
+    job.run()
+    assert not trigger.exists(), f"no process reached {point}: the test proves nothing"
+    assert job.failures == 1
+    assert committed_rows(tmp_path / "out") == expected
+
+
+def corrupt(directory: Path, how: str) -> str:
+    """Damage the checkpoint in ``directory``; returns the name the fallback must mention."""
+    bins = sorted(directory.glob("worker-*.bins"))[0]
+    if how == "truncate":
+        bins.write_bytes(bins.read_bytes()[: bins.stat().st_size // 2])
+    elif how == "flip":
+        data = bytearray(bins.read_bytes())
+        data[len(data) // 3] ^= 0x5A
+        bins.write_bytes(bytes(data))
+    elif how == "index":
+        (directory / bins.name.replace(".bins", ".json")).unlink()
+        return bins.name.replace(".bins", ".json")
+    elif how == "manifest":
+        (directory / "MANIFEST.json").unlink()
+        return ""
+    return bins.name
+
+
+@pytest.mark.parametrize("how", ["truncate", "flip", "index", "manifest"])
+def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, table, expected,
+                                                             how: str) -> None:
+    ckpt, out = tmp_path / "ckpt", tmp_path / "out"
+    job = CheckpointedJob(wordcount(table, str(out), pace=0.01), workers=2, runtime="thread",
+                          checkpoint=ckpt, interval=0.05, name=NAME)
+    job.start()
+    wait_for(lambda: len(committed_epochs(ckpt)) >= 2)
+    job.stop()
+    job.result(timeout=120)
+    epochs = committed_epochs(ckpt)
+    assert len(epochs) == 2  # the previous one and the stop's
+    name = corrupt(Path(snapshot_dir(ckpt, epochs[-1])), how)
+    resumed = CheckpointedJob(wordcount(table, str(out)), workers=2, runtime="thread",
+                              checkpoint=ckpt, interval=0.05, name=NAME, restore=True)
+    resumed.run()
+    restore = [e for e in resumed.events if e.kind == "restore"]
+    assert restore[0].epoch == epochs[0]
+    if name:
+        fallback = [e for e in resumed.events if e.kind == "fallback"]
+        assert fallback[0].epoch == epochs[-1] and name in fallback[0].detail
+    assert committed_rows(out) == expected

@@ -88,6 +88,7 @@ import pyarrow.parquet as pq
 
 from tokenflow.dataflow.operators.generic import unary_frontier
 from tokenflow.dataflow.state import LocalState
+from tokenflow.faults import crash_point
 
 if TYPE_CHECKING:
     from tokenflow.dataflow.capability import Capability
@@ -703,6 +704,7 @@ class _Committer:
             if os.path.lexists(final):
                 os.rename(final, trash)
                 moved_aside = True
+            crash_point("parquet.commit")
             os.rename(work, final)  # the commit point of epoch b
         except OSError as error:
             if moved_aside and not os.path.exists(final):
