@@ -4,7 +4,12 @@ Usage::
 
     tokenflow run MODULE:FUNCTION --workers 2 --runtime thread|process|spark [--master URL] [--quiet]
                   [--snapshot-dir DIR [--stop-after S]] [--restore DIR] [--name NAME] [--timeout S]
-    tokenflow stop DIR              ask the job running with --snapshot-dir DIR to snapshot and stop
+    tokenflow run MODULE:FUNCTION ... --checkpoint DIR [--checkpoint-interval 1s]
+    tokenflow resume DIR [--workers W] [--quiet] [--timeout S]
+                                    continue a --checkpoint job (e.g. after its driver died)
+    tokenflow stop DIR              ask the job running with --snapshot-dir DIR or --checkpoint DIR
+                                    to snapshot (checkpoint) and stop
+    tokenflow checkpoints DIR       list the committed checkpoints in DIR and verify them
     tokenflow snapshots DIR         list the committed snapshots in DIR
     tokenflow --version
 
@@ -13,6 +18,22 @@ SIGTERM, ``tokenflow stop DIR`` or ``--stop-after`` pause every replayable sourc
 epoch boundary, write a snapshot of every worker's state and source positions into ``DIR`` and
 stop the job; ``--restore DIR`` starts the same job from its latest snapshot at any number of
 workers (a cold rescale: only the bins whose owner changes are read by another worker).
+
+With ``--checkpoint DIR`` the job runs as a ``tokenflow.recovery.CheckpointedJob``: every
+``--checkpoint-interval`` (``1s`` by default; ``500ms``, ``2.5`` seconds, ``1m``) it takes an
+incremental checkpoint into ``DIR`` without stopping, and when a worker dies or raises the job
+restarts by itself from the latest checkpoint that reads back intact (committed output is not
+written twice).  ``DIR/JOB.json`` records the job's definition (the target, a ``.py`` path made
+absolute, the working directory, workers, runtime, master, name, interval, bins), so when the
+driver itself dies ``tokenflow resume DIR`` continues the job from its latest checkpoint, in the
+recorded working directory, at the same or another ``--workers``.  A fresh ``run --checkpoint``
+over a directory that holds checkpoints exits 2 (resume it instead).  Ctrl-C, SIGTERM or
+``tokenflow stop DIR`` take a last checkpoint and stop (a second Ctrl-C gives up at once).  Under
+the live table a line shows the last committed checkpoint's epoch, the checkpoints taken and the
+restarts; at the end the same line is printed with the median checkpoint pause.
+``tokenflow checkpoints DIR`` lists each committed checkpoint: epoch, creation time, workers,
+bytes of its own files, bytes of unchanged state it references in earlier checkpoints' files,
+and ``ok`` or ``corrupt: <file>`` (every file is read back and checked).
 
 ``MODULE`` is a dotted module name, imported with the current directory first on ``sys.path``,
 or a path to a ``.py`` file; ``FUNCTION(worker)`` is the worker function given to
@@ -84,7 +105,7 @@ from typing import Annotated, Any, NoReturn
 
 import cloudpickle
 import typer
-from rich.console import Console
+from rich.console import Console, Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 from rich.text import Text
@@ -92,6 +113,7 @@ from rich.text import Text
 from tokenflow import __version__
 from tokenflow.coordinator import Coordinator
 from tokenflow.execute import ContentionWarning, WorkerError, capacity_warning, execute
+from tokenflow.recovery import STOP_REQUEST
 
 REFRESH_PER_SECOND = 4
 """Live table refreshes per second."""
@@ -263,6 +285,13 @@ def run(
     timeout: Annotated[float | None, typer.Option(
         "--timeout", min=0, help="Seconds after which the job is stopped and fails (exit 1).")
     ] = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Take a checkpoint into DIR every --checkpoint-interval; a failed "
+                             "worker restarts the job from the latest one by itself; continue a "
+                             "job whose driver died with `tokenflow resume DIR`.")] = None,
+    checkpoint_interval: Annotated[str | None, typer.Option(
+        "--checkpoint-interval", metavar="INTERVAL",
+        help="Time between checkpoints: 1s (the default), 500ms, 2.5 (seconds), 1m.")] = None,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
@@ -271,10 +300,31 @@ def run(
         _fail("--master applies to --runtime spark only", 2)
     if stop_after is not None and snapshot_dir is None:
         _fail("--stop-after needs --snapshot-dir", 2)
+    interval = 1.0
+    if checkpoint is None:
+        if checkpoint_interval is not None:
+            _fail("--checkpoint-interval needs --checkpoint", 2)
+    else:
+        if snapshot_dir is not None or restore is not None:
+            _fail("--checkpoint cannot be combined with --snapshot-dir or --restore (continue a "
+                  "checkpointed job with `tokenflow resume DIR`)", 2)
+        try:
+            interval = parse_interval("1s" if checkpoint_interval is None else checkpoint_interval)
+        except ValueError as exc:
+            _fail(f"bad --checkpoint-interval: {exc}", 2)
     try:
         fn = load_target(target)
     except TargetError as exc:
         _fail(f"bad MODULE:FUNCTION: {exc}", 2)
+    if checkpoint is not None:
+        from tokenflow.state.bins import DEFAULT_BINS
+
+        definition = {"target": _absolute_target(target), "cwd": os.getcwd(), "workers": workers,
+                      "runtime": runtime.value, "master": master, "name": name or target,
+                      "interval": interval, "bins": DEFAULT_BINS}
+        _run_checkpointed(fn, checkpoint, definition, workers=workers, timeout=timeout, quiet=quiet,
+                          restore=False)
+        return
     options: dict[str, Any] = {"name": name or target}
     if restore is not None:
         options["restore"] = str(restore)
@@ -305,10 +355,6 @@ def run(
     if "snapshot" in outcome:
         out.print(f"snapshot of epoch {outcome['snapshot']} in {snapshot_dir}; continue with: "
                   f"tokenflow run {target} --restore {snapshot_dir} --workers N")
-
-
-STOP_REQUEST = ".stop-request"
-"""The file ``tokenflow stop DIR`` creates in a snapshot directory to ask its job to stop."""
 
 
 def _run_until_stopped(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
@@ -353,14 +399,310 @@ def _run_until_stopped(fn: Callable[..., Any], workers: int, runtime: str, optio
     return outcome
 
 
+_INTERVAL_RE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(ms|s|m)?\s*")
+_INTERVAL_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, None: 1.0}
+
+
+def parse_interval(text: str) -> float:
+    """Seconds in a checkpoint interval: ``1s``, ``500ms``, ``2.5`` (seconds) or ``1m``.
+
+    Raises:
+        ValueError: anything else, or not more than 0.
+    """
+    match = _INTERVAL_RE.fullmatch(text)
+    seconds = 0.0 if match is None else float(match.group(1)) * _INTERVAL_UNITS[match.group(2)]
+    if not seconds > 0:
+        raise ValueError(f"expected a duration of more than 0 such as 1s, 500ms, 2.5 (seconds) or "
+                         f"1m, got {text!r}")
+    return seconds
+
+
+def _absolute_target(target: str) -> str:
+    """``target`` with a ``.py`` file path made absolute (a dotted module is kept: resume
+    imports it from the recorded working directory)."""
+    module_name, _, attr = target.rpartition(":")
+    if module_name.endswith(".py") or os.sep in module_name:
+        return f"{Path(module_name).resolve()}:{attr}"
+    return target
+
+
+def checkpoint_line(job: Any) -> str:
+    """The live display's line under the table: last committed checkpoint, checkpoints taken
+    and restarts of a ``CheckpointedJob``."""
+    last = "-" if job.last_committed is None else str(job.last_committed)
+    return f"checkpoints: last committed epoch {last}, {len(job.stats)} taken, {job.failures} restarts"
+
+
+def checkpoint_summary(job: Any) -> str:
+    """The line printed after a checkpointed run: ``checkpoint_line`` and the median pause."""
+    pauses = sorted(s.paused for s in job.stats)
+    if pauses:
+        middle = len(pauses) // 2
+        median = pauses[middle] if len(pauses) % 2 else (pauses[middle - 1] + pauses[middle]) / 2
+        pause = f"{median * 1000:.1f} ms"
+    else:
+        pause = "-"
+    return f"{checkpoint_line(job)}, median checkpoint pause {pause}"
+
+
+def _run_checkpointed(fn: Callable[..., Any], directory: Path, definition: dict[str, Any], *,
+                      workers: int, timeout: float | None, quiet: bool, restore: bool) -> None:
+    """Run ``fn`` as a ``CheckpointedJob`` under ``directory`` (``definition``: as stored in
+    ``JOB.json``; ``workers`` may differ from its count on a resume) with the live table, then
+    print the summary and the checkpoint line.  Exits like ``run``."""
+    import signal
+
+    from tokenflow.recovery import CheckpointedJob, write_definition
+
+    err = Console(stderr=True, highlight=False)
+    out = Console(highlight=False, soft_wrap=True)
+    runtime = Runtime(definition["runtime"])
+    master: str | None = definition.get("master")
+    root = str(directory.resolve())
+    options: dict[str, Any] = {}
+    if timeout is not None:
+        options["timeout"] = timeout
+    if runtime is Runtime.spark:
+        master = master or f"local[{workers}]"
+        options["master"] = master
+    coordinator, options["report_to"] = _coordinator(runtime, master)
+    try:
+        job = CheckpointedJob(fn, workers, runtime.value, checkpoint=root,
+                              interval=definition["interval"], name=definition["name"],
+                              bins=definition["bins"], restore=restore, coordinator=coordinator,
+                              **options)
+    except ValueError as exc:
+        coordinator.close()
+        _fail(str(exc), 2)
+    _warn_capacity(err, workers, runtime.value, master)
+    startup: float | None = None
+    asked = threading.Event()
+
+    def on_signal(*_: Any) -> None:
+        if asked.is_set():  # a second Ctrl-C: give up on the final checkpoint
+            raise KeyboardInterrupt
+        asked.set()
+
+    def on_stop() -> None:
+        if not quiet:
+            err.print(f"stopping: a last checkpoint into {root} ...")
+        job.stop()
+
+    previous: dict[int, Any] = {}
+    try:
+        if runtime is Runtime.spark:
+            startup = _start_spark(master or f"local[{workers}]", err, quiet)
+        write_definition(root, {**definition, "workers": workers})
+        Path(root, STOP_REQUEST).unlink(missing_ok=True)  # a request left from an earlier run
+        if threading.current_thread() is threading.main_thread():  # else signals cannot be caught
+            previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGINT, signal.SIGTERM)}
+        outcome = _live(lambda: job.start().result(), workers, runtime.value, coordinator, err,
+                        quiet, asked.is_set, on_stop, footer=lambda: checkpoint_line(job))
+    except KeyboardInterrupt:
+        _fail("interrupted", 130)
+    except OSError as exc:  # the definition cannot be written
+        _fail(f"cannot write to {root}: {exc}", 1)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        coordinator.close()
+        _stop_spark()
+    if "result" in outcome:
+        outcome["results"] = outcome.pop("result")
+    if "error" in outcome and job.last_committed is not None:
+        err.print(f"{checkpoint_line(job)}; continue from the latest one with: tokenflow resume {root}")
+    _raise_outcome(outcome)
+    _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
+    out.print(checkpoint_summary(job))
+    if any(event.kind == "stop" for event in job.events):
+        out.print(f"stopped at the checkpoint of epoch {job.last_committed} in {root}; continue "
+                  f"with: tokenflow resume {root}")
+
+
 @app.command()
-def stop(directory: Annotated[Path, typer.Argument(metavar="DIR", help="The job's --snapshot-dir.")]
-         ) -> None:
-    """Ask the job running with --snapshot-dir DIR to snapshot at an epoch boundary and stop."""
+def resume(
+    directory: Annotated[Path, typer.Argument(metavar="DIR", help="The job's --checkpoint directory.")],
+    workers: Annotated[int | None, typer.Option(
+        "--workers", "-w", min=1, help="Number of workers (default: as before; another count "
+                                       "moves only the bins whose owner changes).")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No live progress table.")] = False,
+    timeout: Annotated[float | None, typer.Option(
+        "--timeout", min=0, help="Seconds after which the job is stopped and fails (exit 1).")
+    ] = None,
+) -> None:
+    """Continue a --checkpoint job from its latest checkpoint (e.g. after its driver died).
+
+    The job's definition is read from DIR/JOB.json; it runs in the working directory recorded
+    there, at --workers workers (default: as before)."""
+    from tokenflow.recovery import RecoveryError, read_definition
+    from tokenflow.state.snapshot import committed_epochs
+
+    directory = directory.resolve()
+    try:
+        definition = read_definition(str(directory))
+    except RecoveryError as exc:
+        _fail(str(exc), 2)
+    definition = _checked_definition(directory, definition)
+    cwd = definition.get("cwd")
+    if isinstance(cwd, str) and cwd:
+        if os.path.isdir(cwd):
+            os.chdir(cwd)  # relative paths in the job mean what they meant at the first run
+        else:
+            Console(stderr=True, highlight=False).print(
+                f"warning: the job's working directory {cwd} is gone; staying in {os.getcwd()}")
+    try:
+        fn = load_target(definition["target"])
+    except TargetError as exc:
+        _fail(f"cannot load the job of {directory}: {exc}", 2)
+    if not quiet:
+        epochs = committed_epochs(str(directory))
+        Console(stderr=True, highlight=False).print(
+            f"resuming {definition['target']} from its latest checkpoint (epoch {epochs[-1]}; an "
+            f"unusable one is skipped for the one before)" if epochs else
+            f"no committed checkpoint in {directory}: starting {definition['target']} from the "
+            f"beginning")
+    _run_checkpointed(fn, directory, definition, workers=workers or definition["workers"],
+                      timeout=timeout, quiet=quiet, restore=True)
+
+
+def _checked_definition(directory: Path, definition: dict[str, Any]) -> dict[str, Any]:
+    """The fields of a ``JOB.json`` ``resume`` needs, type-checked (exit 2 naming a bad one)."""
+    from tokenflow.state.bins import DEFAULT_BINS
+
+    where = directory / "JOB.json"
+    checks: list[tuple[str, Callable[[Any], bool], Any]] = [
+        ("target", lambda v: isinstance(v, str) and ":" in v, None),
+        ("workers", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, None),
+        ("runtime", lambda v: v in {r.value for r in Runtime}, "thread"),
+        ("master", lambda v: v is None or isinstance(v, str), None),
+        ("interval", lambda v: isinstance(v, int | float) and not isinstance(v, bool) and v > 0, 1.0),
+        ("bins", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1, DEFAULT_BINS),
+        ("cwd", lambda v: v is None or isinstance(v, str), None),
+    ]
+    out = dict(definition)
+    for key, valid, default in checks:
+        if key not in out and default is not None:
+            out[key] = default
+        if key not in out and key in ("target", "workers"):
+            _fail(f"{where}: no {key!r} in the job definition", 2)
+        if key in out and not valid(out[key]):
+            _fail(f"{where}: bad {key!r} in the job definition: {out[key]!r}", 2)
+    if not isinstance(out.get("name"), str):
+        out["name"] = out["target"]
+    return out
+
+
+@app.command()
+def stop(directory: Annotated[Path, typer.Argument(
+        metavar="DIR", help="The job's --snapshot-dir or --checkpoint directory.")]) -> None:
+    """Ask the job using DIR (--snapshot-dir or --checkpoint) to snapshot and stop.
+
+    The job pauses at an epoch boundary, writes a snapshot (a last checkpoint) and stops."""
     if not directory.is_dir():
-        _fail(f"no snapshot directory {directory}", 2)
+        _fail(f"no snapshot directory {directory} (the job's --snapshot-dir or --checkpoint)", 2)
     (directory / STOP_REQUEST).touch()
     Console(highlight=False).print(f"asked the job using {directory} to snapshot and stop")
+
+
+@app.command()
+def checkpoints(directory: Annotated[Path, typer.Argument(
+        metavar="DIR", help="A --checkpoint (or --snapshot-dir) directory.")]) -> None:
+    """List and verify the committed checkpoints in DIR.
+
+    Per checkpoint: epoch, creation time, workers, bytes stored in its own files, bytes it
+    references in earlier checkpoints' files (incremental), and whether every file reads back
+    intact (``ok`` or ``corrupt: <file>``)."""
+    from tokenflow.recovery import RecoveryError, read_definition
+    from tokenflow.state.snapshot import SnapshotError, committed_epochs
+
+    if not directory.is_dir():
+        _fail(f"no checkpoint directory {directory}", 2)
+    root = str(directory)
+    out = Console(highlight=False)
+    try:
+        definition: dict[str, Any] | None = read_definition(root)
+    except RecoveryError:
+        definition = None
+    title = None
+    if definition is not None:
+        title = (f"{definition.get('target')}: {definition.get('runtime')}, "
+                 f"{definition.get('workers')} workers, a checkpoint every "
+                 f"{definition.get('interval')} s")
+    try:
+        epochs = committed_epochs(root)
+    except (SnapshotError, OSError) as exc:
+        _fail(f"cannot list {root}: {exc}", 1)
+    if not epochs:
+        out.print(f"no committed checkpoint in {root}")
+        return
+    table = Table(title=title, title_justify="left", caption_justify="left",
+                  caption="stored: bytes of the checkpoint's own files; referenced: bytes of "
+                          "unchanged state it reads from earlier checkpoints' files")
+    table.add_column("epoch", justify="right")
+    table.add_column("created", no_wrap=True)
+    table.add_column("workers", justify="right")
+    table.add_column("stored", justify="right")
+    table.add_column("referenced", justify="right")
+    table.add_column("verified", overflow="fold")
+    for epoch in epochs:
+        table.add_row(*checkpoint_row(root, epoch))
+    out.print(table)
+
+
+def checkpoint_row(root: str, epoch: int) -> tuple[str, str, str, str, str, str]:
+    """The ``checkpoints`` row of the committed checkpoint at ``epoch``: epoch, created (local
+    time), workers, bytes of its own files, bytes of unchanged blobs it references in earlier
+    checkpoints' files, and ``ok`` or ``corrupt: <file>``."""
+    import json
+    from datetime import datetime
+
+    from tokenflow.state.snapshot import MANIFEST, Snapshot, SnapshotError, snapshot_dir
+
+    directory = snapshot_dir(root, epoch)
+    own: dict[str, int] = {}
+    try:
+        with os.scandir(directory) as entries:
+            for entry in entries:
+                if entry.is_file() and not entry.name.startswith("."):
+                    own[entry.name] = entry.stat().st_size
+    except FileNotFoundError:  # pruned by the running job meanwhile
+        return str(epoch), "?", "?", "?", "?", "pruned meanwhile"
+    created = "?"
+    try:
+        with open(os.path.join(directory, MANIFEST), "rb") as handle:
+            stamp = json.loads(handle.read()).get("created")
+        created = datetime.fromisoformat(stamp).astimezone().strftime("%Y-%m-%d %H:%M:%S")
+    except (OSError, ValueError, TypeError, AttributeError):
+        pass
+    stored = f"{sum(own.values()):,}"
+    try:
+        snapshot = Snapshot.open(root, epoch)
+    except SnapshotError as exc:
+        return str(epoch), created, "?", stored, "?", f"corrupt: {_culprit(directory, exc)}"
+    blobs = sum(snapshot.stored_bytes().values())
+    own_blobs = sum(size for name, size in own.items() if name.endswith(".bins"))
+    try:
+        snapshot.verify()
+        verified = "ok"
+    except SnapshotError as exc:
+        verified = f"corrupt: {_culprit(directory, exc)}"
+    return (str(epoch), created, str(len(snapshot.workers)), stored, f"{max(0, blobs - own_blobs):,}",
+            verified)
+
+
+def _culprit(directory: str, error: Exception) -> str:
+    """The file a ``SnapshotError`` names (its message starts with the path): its name when in
+    the checkpoint's ``directory``, else relative to the checkpoint root (a file of an earlier
+    checkpoint), else as given."""
+    path = str(error).split(": ", 1)[0]
+    for base in (directory, os.path.dirname(directory)):
+        try:
+            relative = os.path.relpath(path, base)
+        except ValueError:
+            continue
+        if not relative.startswith(".."):
+            return relative
+    return path
 
 
 @app.command()
@@ -438,10 +780,12 @@ def _run_with_progress(fn: Callable[..., Any], workers: int, runtime: str, optio
 
 def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coordinator,
           err: Console, quiet: bool, stop_wanted: Callable[[], bool] | None = None,
-          on_stop: Callable[[], None] | None = None) -> dict[str, Any]:
+          on_stop: Callable[[], None] | None = None,
+          footer: Callable[[], str] | None = None) -> dict[str, Any]:
     """Run ``call()`` in a background thread while a live table shows the coordinator's
-    per-worker reports; returns ``{"result" or "error", "seconds"}``.  When ``stop_wanted()``
-    turns true, ``on_stop()`` runs once (on this thread) and the job is awaited."""
+    per-worker reports (and the line ``footer()`` under it); returns ``{"result" or "error",
+    "seconds"}``.  When ``stop_wanted()`` turns true, ``on_stop()`` runs once (on this thread)
+    and the job is awaited."""
     outcome: dict[str, Any] = {}
 
     def job() -> None:
@@ -455,9 +799,16 @@ def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coor
     thread = threading.Thread(target=job, name="tokenflow-cli-job", daemon=True)
     started = time.perf_counter()
 
-    def render() -> Table:
-        return progress_table(coordinator.snapshot(), workers,
-                              f"{runtime}, {workers} workers, {time.perf_counter() - started:.1f} s")
+    def render() -> RenderableType:
+        table = progress_table(coordinator.snapshot(), workers,
+                               f"{runtime}, {workers} workers, {time.perf_counter() - started:.1f} s")
+        if footer is None:
+            return table
+        try:
+            line = footer()
+        except Exception:  # noqa: BLE001 - the live table must go on
+            line = "?"
+        return Group(table, Text(line))
 
     live = None if quiet else Live(render(), console=err, refresh_per_second=REFRESH_PER_SECOND,
                                    get_renderable=render)
