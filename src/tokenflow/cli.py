@@ -963,8 +963,20 @@ def nexmark_query(
     lag: LagOption = 4,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
     input: InputOption = None,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Take checkpoints here and recover from worker failures "
+                             "(exactly-once with --output).")] = None,
+    checkpoint_interval: Annotated[str, typer.Option(
+        "--checkpoint-interval", help="Seconds between checkpoints: 1s, 500ms, 2.5, 1m.")] = "1s",
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue from the latest checkpoint in --checkpoint DIR (after the "
+                         "driver died or the job was stopped).")] = False,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
+
+    With ``--checkpoint DIR`` the query takes a checkpoint every ``--checkpoint-interval`` and
+    restarts from the latest one when a worker dies; ``--resume`` continues it from DIR with
+    the same options (the query, events, rate and output must be the same as the first run's).
 
     Bad ``--input`` data (``InputError``, raised while the driver reads and checks the files,
     or by a worker) exits 2 with the message naming the file, column, row and value."""
@@ -976,6 +988,13 @@ def nexmark_query(
         load(query)
     except ValueError as exc:
         _fail(str(exc), 2)
+    interval = 1.0
+    if checkpoint is None and resume:
+        _fail("--resume needs --checkpoint DIR", 2)
+    try:
+        interval = parse_interval(checkpoint_interval)
+    except ValueError as exc:
+        _fail(f"bad --checkpoint-interval: {exc}", 2)
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
     out = Console(highlight=False, soft_wrap=True)
@@ -990,11 +1009,14 @@ def nexmark_query(
         outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
                                           runtime=runtime.value, master=master, output=output,
                                           granularity_ms=granularity, lag=lag, report_to=endpoint,
-                                          input=input),
+                                          input=input, checkpoint=checkpoint,
+                                          checkpoint_interval=interval, resume=resume),
                         workers, runtime.value, coordinator, err, quiet)
         error = outcome.get("error")
         if isinstance(error, WorkerError) and isinstance(error.__cause__, InputError):
             _fail(f"bad input: {error.__cause__}", 2)
+        if isinstance(error, ValueError) and checkpoint is not None:
+            _fail(str(error), 2)  # e.g. a fresh run over a directory holding checkpoints
         result = _raise_outcome(outcome)
     except KeyboardInterrupt:
         _fail("interrupted", 130)
@@ -1003,6 +1025,11 @@ def nexmark_query(
         _stop_spark()
     _print_query(out, result, f"from {input}" if input is not None else f"at {rate:,}/s of event time",
                  lag)
+    if checkpoint is not None:
+        pauses = sorted(s.paused for s in result.checkpoints)
+        median = f", median pause {1000 * pauses[len(pauses) // 2]:.0f} ms" if pauses else ""
+        out.print(f"checkpoints: {len(result.checkpoints)} in {checkpoint}{median}; "
+                  f"{result.failures} worker failures recovered")
 
 
 def _print_query(out: Console, result: Any, source: str, lag: int) -> None:

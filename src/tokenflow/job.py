@@ -137,6 +137,11 @@ class JobHandle:
     def running(self) -> bool:
         return self._thread.is_alive()
 
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` s for the job to end; True if it has."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
     def snapshot(self, root: str, stop: bool = True, timeout: float = 60.0) -> int:
         """Snapshot the job at an epoch boundary under ``root``; returns the epoch.
 

@@ -317,6 +317,7 @@ class CheckpointedJob:
                                       handle.spec.table, stop=stop, alive=lambda: handle.running,
                                       previous=attempt.previous, stats=self.stats)
             except (ControlError, SnapshotError, OSError) as exc:
+                handle.wait(0.5)  # a job that just ended cannot answer: not worth a warning
                 if not handle.running:
                     return  # the job ended or failed meanwhile: the supervisor sees which
                 self._note("checkpoint", None, f"checkpoint failed: {exc}", logging.WARNING)

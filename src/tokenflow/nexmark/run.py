@@ -256,7 +256,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             while done_passing < done_sending and not probe.less_equal(epoch_list[done_passing]):
                 passed[epoch_list[done_passing]] = now
                 done_passing += 1
-            if probe.done():
+            if probe.done() or worker.stopped:  # done, or stopped at a checkpoint
                 break
             # at most ``lag`` of this worker's epochs in flight: sent but not passed
             ahead = done_passing + lag

@@ -1,0 +1,402 @@
+"""Kill and corruption trials for exactly-once recovery (``tokenflow.recovery``).
+
+Writes ``benchmarks/results/kill_trials.md`` (and prints it).  Each trial runs a job with
+checkpoints every ``--interval`` seconds in a separate *driver* process (this script with
+``--child``), injects one real fault, lets recovery do its work and compares the job's committed
+Parquet output, epoch by epoch, with a failure-free run of the same job (computed first, once per
+workload and runtime).  A trial passes only if the two are identical: the same epochs, each with
+the same multiset of rows.
+
+Workloads: NEXMark q4, q5 and q8 (``run_query(..., output=, checkpoint=)``, ``--events`` events
+at 10,000 events/s of event time, 1 s epochs) and a running word count (cumulative count per
+word per occurrence, ``state_machine``, a replayable table source paced to run a few seconds).
+Runtimes: ``process`` (2 worker processes) and ``spark`` (Spark ``local[2]``, 2 barrier tasks).
+
+Faults (picked round-robin, the moment at random):
+
+* ``worker``: SIGKILL of one worker process (process runtime: a child of the driver; Spark: a
+  Python worker forked by ``pyspark.daemon``) at a random moment after the first checkpoint;
+  the driver restarts the job from the latest checkpoint by itself.
+* ``driver``: SIGKILL of the driver process (its workers die with it: PDEATHSIG on ``process``,
+  the JVM on ``spark``) at a random moment after the first checkpoint, then a new driver resumes
+  from the checkpoint directory (what ``tokenflow resume DIR`` does).
+* ``snapshot.part``: a worker SIGKILLs itself while writing its part of a checkpoint (after its
+  blob file, before its index: ``tokenflow.faults``).
+* ``parquet.commit``: the sink's committer SIGKILLs itself in the middle of committing an epoch
+  (files moved in, directory not yet renamed into place).
+* ``snapshot.commit``: the driver SIGKILLs itself before writing a checkpoint's manifest; a new
+  driver resumes.
+
+Corruption trials (``--corruptions``): a job is stopped at a checkpoint (graceful stop), its
+latest checkpoint is damaged (truncate or flip bytes of a blob file, delete a worker index or
+the manifest), a new driver resumes: it must fall back to the previous checkpoint (with a log
+line naming the damaged file) and still produce identical output.
+
+Run: ``.venv/bin/python benchmarks/kill_trials.py [--trials 100] [--corruptions 20]`` (about
+30 minutes on 2 shared cores); ``--quick`` runs 8 + 4 trials.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+
+RESULTS = Path(__file__).resolve().parent / "results"
+WORKLOADS = ("wordcount", "q4", "q5", "q8")
+FAULTS = ("worker", "driver", "snapshot.part", "parquet.commit", "snapshot.commit")
+CORRUPTIONS = ("truncate", "flip", "index", "manifest")
+WORDCOUNT = "benchmarks.kill_trials.wordcount"
+
+
+# -- the jobs (run in the child driver) -----------------------------------------------------------
+
+
+def words_table(epochs: int = 120, rows: int = 60_000, seed: int = 11) -> pa.Table:
+    """Words from a Zipf(1.2) law over 2,000 made-up words, times ``[0, epochs)`` sorted."""
+    rng = np.random.default_rng(seed)
+    vocabulary = np.array([f"w{i}" for i in range(2000)])
+    t = np.sort(rng.integers(0, epochs, rows))
+    return pa.table({"t": t, "word": vocabulary[rng.zipf(1.2, rows) % len(vocabulary)]})
+
+
+def wordcount(output: str, pace: float) -> Any:
+    """The running word count (``(word, count so far)`` per occurrence), committed per epoch;
+    ``pace`` seconds of sleep per batch of 500 words."""
+    table = words_table()
+
+    def job(worker: Any) -> None:
+        from tokenflow.dataflow.operators.stateful import state_machine
+        from tokenflow.io import to_parquet
+        from tokenflow.io.sources import replayable_source, table_splits
+
+        def pairs(batch: Any) -> list[tuple[str, int]]:
+            time.sleep(pace)
+            return [(w, 1) for w in batch.column("word").to_pylist()]
+
+        def build(scope: Any) -> None:
+            words, _ = replayable_source(scope, "words", table_splits(table, 8, time="t"),
+                                         time="t", max_rows=500)
+            counts = state_machine(words.map_batch(pairs),
+                                   lambda w, n, c: ((c or 0) + n, [(w, (c or 0) + n)]))
+            to_parquet(counts, output, columns=["word", "count"])
+
+        worker.dataflow(build)
+
+    return job
+
+
+def child(spec: dict[str, Any]) -> None:
+    """Run one job (with checkpoints, or ``checkpoint`` None for the reference) and write a
+    JSON summary to ``spec["summary"]``."""
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    summary: dict[str, Any] = {}
+    options: dict[str, Any] = {}
+    if spec["runtime"] == "spark":
+        options["master"] = "local[2]"
+    if spec["workload"] == "wordcount":
+        from tokenflow import execute
+        from tokenflow.recovery import CheckpointedJob
+
+        fn = wordcount(spec["output"], spec["pace"])
+        if spec["checkpoint"] is None:
+            execute(fn, workers=2, runtime=spec["runtime"], name=WORDCOUNT, **options)
+        else:
+            job = CheckpointedJob(fn, 2, spec["runtime"], checkpoint=spec["checkpoint"],
+                                  interval=spec["interval"], name=WORDCOUNT,
+                                  restore=spec["resume"], **options)
+            job.run()
+            summary = {"failures": job.failures, "checkpoints": len(job.stats),
+                       "events": [asdict(e) for e in job.events]}
+    else:
+        from tokenflow.nexmark.run import run_query
+
+        result = run_query(spec["workload"], spec["events"], workers=2, runtime=spec["runtime"],
+                           output=spec["output"], checkpoint=spec["checkpoint"],
+                           checkpoint_interval=spec["interval"], resume=spec["resume"],
+                           **options)
+        summary = {"failures": result.failures, "checkpoints": len(result.checkpoints)}
+    Path(spec["summary"]).write_text(json.dumps(summary))
+
+
+# -- the trials (this process) --------------------------------------------------------------------
+
+
+@dataclass
+class Trial:
+    workload: str
+    runtime: str
+    fault: str
+    fault_at: float | None  # seconds after the driver started (None: the fault never fired)
+    recovered_in: float | None  # seconds from the kill to the next epoch committed
+    failures: int | None
+    identical: bool
+    detail: str = ""
+
+
+def committed(path: Path) -> list[tuple[Any, ...]]:
+    """The committed output as sorted rows (partition value first)."""
+    from tokenflow.io import read_committed
+
+    table = read_committed(str(path))
+    columns = sorted(table.column_names)
+    return sorted(zip(*(table.column(c).to_pylist() for c in columns), strict=True))
+
+
+def launch(spec: dict[str, Any], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    log = open(Path(spec["summary"]).with_suffix(".log"), "ab")  # noqa: SIM115 - the child owns it
+    return subprocess.Popen([sys.executable, __file__, "--child", json.dumps(spec)],
+                            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                            env={**os.environ, **(env or {})}, cwd=Path(__file__).resolve().parent.parent)
+
+
+def workers_of(driver: int, runtime: str) -> list[int]:
+    """Pids of the worker processes of the job driven by ``driver``."""
+    import psutil
+
+    try:
+        tree = psutil.Process(driver).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    out = []
+    for p in tree:
+        try:
+            cmd = " ".join(p.cmdline())
+            parent = " ".join(p.parent().cmdline()) if p.parent() else ""
+        except psutil.Error:
+            continue
+        if runtime == "process" and "spawn_main" in cmd:
+            out.append(p.pid)
+        elif runtime == "spark" and "pyspark.daemon" in parent and "pyspark.daemon" in cmd:
+            out.append(p.pid)
+    return out
+
+
+def epochs_committed(output: Path) -> int:
+    manifest = output / "_tokenflow_manifest.json"
+    try:
+        return len(json.loads(manifest.read_text()).get("epochs", {}))
+    except (OSError, ValueError):
+        return -1
+
+
+def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], reference: list[Any],
+              duration: float, rng: random.Random, work: Path) -> Trial:
+    work.mkdir(parents=True)
+    ckpt, output = work / "ckpt", work / "out"
+    spec = {**base, "workload": workload, "runtime": runtime, "output": str(output),
+            "checkpoint": str(ckpt), "resume": False, "summary": str(work / "summary.json")}
+    env: dict[str, str] = {}
+    trigger = work / "trigger"
+    if fault in ("snapshot.part", "parquet.commit", "snapshot.commit"):
+        trigger.touch()
+        env["TOKENFLOW_CRASH"] = f"{fault}={trigger}"
+    began = time.monotonic()
+    driver = launch(spec, env)
+    fault_at = recovered_in = None
+    detail = ""
+    if fault in ("worker", "driver"):
+        from tokenflow.state.snapshot import committed_epochs
+
+        while not committed_epochs(ckpt) and driver.poll() is None:
+            time.sleep(0.005)
+        time.sleep(rng.uniform(0.0, 0.6 * duration))
+        victims = workers_of(driver.pid, runtime) if fault == "worker" else [driver.pid]
+        if driver.poll() is None and victims:
+            seen = epochs_committed(output)
+            victim = rng.choice(victims)
+            os.kill(victim, signal.SIGKILL)
+            killed = time.monotonic()
+            fault_at = killed - began
+            if fault == "driver":
+                driver.wait()
+                os.killpg(driver.pid, signal.SIGKILL)  # anything left of its session
+                driver = launch({**spec, "resume": True})
+            while driver.poll() is None and epochs_committed(output) <= seen:
+                time.sleep(0.005)
+            if epochs_committed(output) > seen:
+                recovered_in = time.monotonic() - killed
+        else:
+            detail = "the job ended before the fault"
+    code = driver.wait(timeout=900)
+    if fault in ("snapshot.commit",) and code != 0 and not trigger.exists():
+        fault_at = time.monotonic() - began  # the driver died at the crash point: resume
+        driver = launch({**spec, "resume": True})
+        code = driver.wait(timeout=900)
+    if fault in ("snapshot.part", "parquet.commit", "snapshot.commit"):
+        if trigger.exists():
+            detail = "the crash point was not reached"
+        elif fault_at is None:
+            fault_at = float("nan")
+    failures = None
+    if code != 0:
+        detail = f"driver exited with {code}; see {Path(spec['summary']).with_suffix('.log')}"
+        identical = False
+    else:
+        summary = json.loads(Path(spec["summary"]).read_text())
+        failures = summary.get("failures")
+        identical = committed(output) == reference
+    return Trial(workload, runtime, fault, fault_at, recovered_in, failures, identical, detail)
+
+
+def corruption_trial(workload: str, runtime: str, how: str, base: dict[str, Any],
+                     reference: list[Any], work: Path) -> Trial:
+    from tokenflow.recovery import STOP_REQUEST
+    from tokenflow.state.snapshot import committed_epochs, snapshot_dir
+
+    work.mkdir(parents=True)
+    ckpt, output = work / "ckpt", work / "out"
+    spec = {**base, "workload": workload, "runtime": runtime, "output": str(output),
+            "checkpoint": str(ckpt), "resume": False, "summary": str(work / "summary.json")}
+    driver = launch(spec)
+    while len(committed_epochs(ckpt)) < 2 and driver.poll() is None:
+        time.sleep(0.005)
+    (ckpt / STOP_REQUEST).touch()  # graceful stop: a last checkpoint, then the job ends
+    driver.wait(timeout=900)
+    epochs = committed_epochs(ckpt)
+    if len(epochs) < 2:
+        return Trial(workload, runtime, f"corrupt:{how}", None, None, None, False,
+                     f"only {len(epochs)} checkpoints before the job ended")
+    latest = Path(snapshot_dir(ckpt, epochs[-1]))
+    blob = sorted(latest.glob("worker-*.bins"))[0]
+    if how == "truncate":
+        blob.write_bytes(blob.read_bytes()[: blob.stat().st_size // 2])
+    elif how == "flip":
+        data = bytearray(blob.read_bytes())
+        data[len(data) // 2] ^= 0xA5
+        blob.write_bytes(bytes(data))
+    elif how == "index":
+        (latest / blob.name.replace(".bins", ".json")).unlink()
+    else:
+        (latest / "MANIFEST.json").unlink()
+    driver = launch({**spec, "resume": True})
+    code = driver.wait(timeout=900)
+    if code != 0:
+        return Trial(workload, runtime, f"corrupt:{how}", None, None, None, False,
+                     f"resume exited with {code}")
+    summary = json.loads(Path(spec["summary"]).read_text())
+    restored = [e for e in summary.get("events", []) if e["kind"] == "restore"]
+    detail = f"restored from epoch {restored[0]['epoch']}" if restored else ""
+    fell_back = bool(restored) and restored[0]["epoch"] == epochs[0]
+    return Trial(workload, runtime, f"corrupt:{how}", None, None, summary.get("failures"),
+                 committed(output) == reference and (fell_back or workload != "wordcount"), detail)
+
+
+def reference_run(workload: str, runtime: str, base: dict[str, Any], work: Path) -> tuple[list[Any], float]:
+    work.mkdir(parents=True)
+    spec = {**base, "workload": workload, "runtime": runtime, "output": str(work / "out"),
+            "checkpoint": None, "resume": False, "summary": str(work / "summary.json")}
+    began = time.monotonic()
+    code = launch(spec).wait(timeout=900)
+    if code != 0:
+        raise SystemExit(f"the failure-free {workload} run on {runtime} failed; see {work}")
+    return committed(work / "out"), time.monotonic() - began
+
+
+def report(trials: list[Trial], args: argparse.Namespace, seconds: float) -> str:
+    lines = ["# Kill and corruption trials", "",
+             f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.  Machine: {platform.platform()}, "
+             f"`os.cpu_count()` = {os.cpu_count()} (shared).  {len(trials)} trials in "
+             f"{seconds / 60:.1f} min; checkpoints every {args.interval} s; NEXMark "
+             f"{args.events:,} events.  What each fault is and how a trial is judged: the "
+             "docstring of `benchmarks/kill_trials.py`.", "",
+             "Regenerate: `.venv/bin/python benchmarks/kill_trials.py`", ""]
+    ok = sum(t.identical for t in trials)
+    lines += [f"**{ok} of {len(trials)} trials produced output identical to the failure-free run.**", ""]
+    lines += ["## By fault and runtime", "", "| fault | runtime | trials | identical | recovered in "
+              "(s, median / max) |", "|---|---|---:|---:|---|"]
+    groups: dict[tuple[str, str], list[Trial]] = {}
+    for t in trials:
+        groups.setdefault((t.fault, t.runtime), []).append(t)
+    for (fault, runtime), group in sorted(groups.items()):
+        times = [t.recovered_in for t in group if t.recovered_in is not None]
+        rec = f"{np.median(times):.2f} / {max(times):.2f}" if times else "-"
+        lines.append(f"| {fault} | {runtime} | {len(group)} | {sum(t.identical for t in group)} | {rec} |")
+    lines += ["", "*recovered in*: from the SIGKILL to the next epoch committed by the sink "
+              "(worker and driver kills; a driver kill includes starting a new driver).", "",
+              "## Every trial", "", "| # | workload | runtime | fault | at (s) | failures seen | "
+              "identical | note |", "|---:|---|---|---|---:|---:|---|---|"]
+    for i, t in enumerate(trials):
+        at = "-" if t.fault_at is None or t.fault_at != t.fault_at else f"{t.fault_at:.2f}"
+        lines.append(f"| {i} | {t.workload} | {t.runtime} | {t.fault} | {at} | "
+                     f"{'-' if t.failures is None else t.failures} | {'yes' if t.identical else '**no**'} | "
+                     f"{t.detail} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--corruptions", type=int, default=20)
+    parser.add_argument("--runtimes", default="process,spark")
+    parser.add_argument("--events", type=int, default=1_000_000)
+    parser.add_argument("--interval", type=float, default=0.5)
+    parser.add_argument("--pace", type=float, default=0.01)
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--child")
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    if args.quick:
+        args.trials, args.corruptions = 8, 4
+    rng = random.Random(args.seed)
+    runtimes = args.runtimes.split(",")
+    base = {"events": args.events, "interval": args.interval, "pace": args.pace}
+    work = Path(tempfile.mkdtemp(prefix="tokenflow-trials-"))
+    began = time.monotonic()
+    references: dict[tuple[str, str], tuple[list[Any], float]] = {}
+    for runtime in runtimes:
+        for workload in WORKLOADS:
+            references[workload, runtime] = reference_run(workload, runtime, base,
+                                                          work / f"ref-{workload}-{runtime}")
+            print(f"reference {workload} on {runtime}: {len(references[workload, runtime][0]):,} "
+                  f"rows in {references[workload, runtime][1]:.1f} s", flush=True)
+    trials: list[Trial] = []
+    for i in range(args.trials):
+        workload = WORKLOADS[i % len(WORKLOADS)]
+        runtime = runtimes[(i // len(WORKLOADS)) % len(runtimes)]
+        fault = FAULTS[(i // (len(WORKLOADS) * len(runtimes))) % len(FAULTS)]
+        reference, duration = references[workload, runtime]
+        trial = run_trial(workload, runtime, fault, base, reference, duration, rng, work / f"trial-{i}")
+        trials.append(trial)
+        print(f"trial {i}: {trial}", flush=True)
+    for i in range(args.corruptions):
+        workload = WORKLOADS[i % len(WORKLOADS)]
+        runtime = runtimes[(i // len(WORKLOADS)) % len(runtimes)]
+        how = CORRUPTIONS[i % len(CORRUPTIONS)]
+        trial = corruption_trial(workload, runtime, how, base, references[workload, runtime][0],
+                                 work / f"corrupt-{i}")
+        trials.append(trial)
+        print(f"corruption {i}: {trial}", flush=True)
+    text = report(trials, args, time.monotonic() - began)
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "kill_trials.md").write_text(text)
+    print(text)
+    if all(t.identical for t in trials):
+        shutil.rmtree(work, ignore_errors=True)
+    else:
+        print(f"work directory kept for inspection: {work}")
+
+
+if __name__ == "__main__":
+    main()
