@@ -30,12 +30,12 @@ def words_table(epochs: int = 60, rows: int = 12_000, seed: int = 5) -> pa.Table
 
 
 def wordcount(table: pa.Table, output: str, pids: str | None = None, pace: float = 0.0,
-              fail: str | None = None) -> Any:
+              fail: str | None = None, granularity: int | None = None) -> Any:
     """A running word count ``(word, count so far)`` per occurrence, committed per epoch to
     ``output``.  ``pids``: a directory where each worker process writes a file named by its
     pid; ``pace``: seconds to sleep per batch of 100 rows (so the job runs long enough to be
     killed); ``fail``: a file whose presence makes worker 1 raise once, at an epoch >= 20
-    (the file is removed first)."""
+    (the file is removed first); ``granularity``: the sink commits bins of that many epochs."""
 
     def job(worker: Any) -> None:
         if pids is not None:
@@ -58,7 +58,7 @@ def wordcount(table: pa.Table, output: str, pids: str | None = None, pace: float
             if fail is not None:
                 pairs = pairs.inspect_batch(check)
             counts = state_machine(pairs, lambda w, n, c: ((c or 0) + n, [(w, (c or 0) + n)]))
-            to_parquet(counts, output, columns=["word", "count"])
+            to_parquet(counts, output, columns=["word", "count"], granularity=granularity)
 
         worker.dataflow(build)
 

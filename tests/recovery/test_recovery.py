@@ -123,3 +123,25 @@ def test_a_corrupt_checkpoint_falls_back_to_the_previous_one(tmp_path: Path, tab
         fallback = [e for e in resumed.events if e.kind == "fallback"]
         assert fallback[0].epoch == epochs[-1] and name in fallback[0].detail
     assert committed_rows(out) == expected
+
+
+def test_a_crash_while_committing_an_epoch_staged_before_the_checkpoint(
+        tmp_path: Path, table, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sink commits bins of 4 epochs, so a checkpoint holds staged, uncommitted files; the
+    committer is SIGKILLed in the middle of committing one of them (armed only once a
+    checkpoint exists).  The restarted committer still finds the staged files and commits
+    them: nothing is lost (a commit that moved them into its unfinished directory lost
+    them)."""
+    whole = tmp_path / "whole"
+    execute(wordcount(table, str(whole), granularity=4), workers=2, name=NAME)
+    trigger, ckpt = tmp_path / "trigger", tmp_path / "ckpt"
+    monkeypatch.setenv("TOKENFLOW_CRASH", f"parquet.commit={trigger}")
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pace=0.01, granularity=4),
+                          workers=2, runtime="process", checkpoint=ckpt, interval=0.1, name=NAME)
+    job.start()
+    wait_for(lambda: len(committed_epochs(ckpt)) >= 1)
+    trigger.touch()
+    job.result(timeout=180)
+    assert not trigger.exists(), "the committer was not killed: the test proves nothing"
+    assert job.failures == 1
+    assert committed_rows(tmp_path / "out") == committed_rows(whole)

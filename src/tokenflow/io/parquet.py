@@ -17,7 +17,7 @@ epoch, or with ``granularity`` the first time of a bin ``[b, b + granularity)``)
                                                               committer
     committer, one worker          when its input frontier has passed epoch b (so every
                                    worker has staged its file of b):
-        .<p>=<b>.<id>.commit/part-00000.parquet ...   staged files renamed in, ordered by
+        .<p>=<b>.<id>.commit/part-00000.parquet ...   staged files hard-linked in, by
                                                       (worker, seq), numbered from 0
         .<p>=<b>.<id>.commit/_manifest.json, _SUCCESS  (files, rows, bytes, row hash)
         <p>=<b>  -> .<p>=<b>.<id>.trash               the old epoch, if any, moved aside
@@ -72,6 +72,7 @@ fsync: a kill of any process is survived, a crash of the machine may not be); ob
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -294,6 +295,16 @@ def _remove_file(path: str) -> None:
         os.remove(path)
     except OSError:
         pass
+
+
+def _link(source: str, target: str) -> None:
+    """A second name for ``source`` (a hard link; a copy where links are not supported)."""
+    try:
+        os.link(source, target)
+    except OSError as error:
+        if error.errno not in (errno.EPERM, errno.ENOTSUP, errno.EXDEV, errno.EMLINK):
+            raise
+        shutil.copyfile(source, target)
 
 
 def _remove_tree(path: str) -> None:
@@ -663,9 +674,12 @@ class _Committer:
     # -- commits -----------------------------------------------------------------------------
 
     def commit(self, b: Any, records: list[tuple[Any, ...]]) -> int:
-        """Move the staged files of epoch ``b`` into a fresh directory and swap it in; returns
-        the epoch's rows.  In replay mode an epoch the manifest listed at the start is not
-        committed again (``_discard``).
+        """Link the staged files of epoch ``b`` into a fresh directory and swap it in, then
+        drop the staged names; returns the epoch's rows.  The staged files stay until the
+        commit rename, so a crash before it loses nothing: the restarted committer (restored
+        from a checkpoint that still lists them as staged) commits them again.  In replay
+        mode an epoch the manifest listed at the start is not committed again
+        (``_discard``).
 
         Raises:
             ParquetSinkError: a rename or write failed (naming the epoch and the path); with
@@ -691,7 +705,7 @@ class _Committer:
                 digest = self._record_hash(b, record)
                 digests.append(digest)
                 target = os.path.join(work, f"part-{i:05d}.parquet")
-                os.rename(os.path.join(root, relative), target)
+                _link(os.path.join(root, relative), target)
                 files.append({"name": os.path.basename(target), "rows": rows,
                               "bytes": os.path.getsize(target), "hash": f"{digest:016x}"})
             own = {"format": FORMAT, "partition": self.partition, "value": _json_value(b),
@@ -717,6 +731,8 @@ class _Committer:
                                    f"{b!r} to {final}: {error}") from error
         if moved_aside:
             _remove_tree(trash)
+        for record in ordered:  # committed: the staged names go
+            _remove_file(os.path.join(root, record[1]))
         try:
             os.rmdir(os.path.join(root, STAGING, directory))
         except OSError:
