@@ -360,6 +360,9 @@ def main() -> None:
     parser.add_argument("--pace", type=float, default=0.01)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--faults", default=",".join(FAULTS),
+                        help=f"comma-separated subset of {', '.join(FAULTS)}")
+    parser.add_argument("--output", default=str(RESULTS / "kill_trials.md"))
     parser.add_argument("--child")
     args = parser.parse_args()
     if args.child:
@@ -369,6 +372,10 @@ def main() -> None:
         args.trials, args.corruptions = 8, 4
     rng = random.Random(args.seed)
     runtimes = args.runtimes.split(",")
+    faults = args.faults.split(",")
+    unknown = set(faults) - set(FAULTS)
+    if unknown:
+        parser.error(f"unknown faults {sorted(unknown)}; known: {', '.join(FAULTS)}")
     base = {"events": args.events, "interval": args.interval, "pace": args.pace}
     work = Path(tempfile.mkdtemp(prefix="tokenflow-trials-"))
     began = time.monotonic()
@@ -383,7 +390,7 @@ def main() -> None:
     for i in range(args.trials):
         workload = WORKLOADS[i % len(WORKLOADS)]
         runtime = runtimes[(i // len(WORKLOADS)) % len(runtimes)]
-        fault = FAULTS[(i // (len(WORKLOADS) * len(runtimes))) % len(FAULTS)]
+        fault = faults[(i // (len(WORKLOADS) * len(runtimes))) % len(faults)]
         reference, duration = references[workload, runtime]
         for attempt in range(ATTEMPTS):
             trial = run_trial(workload, runtime, fault, base, reference, duration, rng,
@@ -402,7 +409,7 @@ def main() -> None:
         print(f"corruption {i}: {trial}", flush=True)
     text = report(trials, args, time.monotonic() - began)
     RESULTS.mkdir(exist_ok=True)
-    (RESULTS / "kill_trials.md").write_text(text)
+    Path(args.output).write_text(text)
     print(text)
     if all(t.identical for t in trials):
         shutil.rmtree(work, ignore_errors=True)
