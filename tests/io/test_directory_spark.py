@@ -1,9 +1,13 @@
 """The directory source on Spark: files dropped into a directory while a 2-worker job runs on
-the Spark runtime are each processed exactly once, and the output is committed per epoch."""
+the Spark runtime are each processed exactly once, and the output is committed per epoch; on
+the suite's session (``local[4]``) and on a literal ``local[2]`` master (2 task slots for 2
+workers), in a subprocess since a JVM holds one SparkContext."""
 
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -28,10 +32,10 @@ def drop(directory: Path, name: str, table: pa.Table) -> None:
     os.replace(hidden, directory / name)
 
 
-@pytest.mark.spark
-def test_files_dropped_while_a_spark_job_runs_are_committed_once(tmp_path: Path,
-                                                                 request: pytest.FixtureRequest) -> None:
-    spark = request.getfixturevalue("spark")
+def run_directory_job(tmp_path: Path, **options: Any) -> None:
+    """Drop ``FILES`` files into a directory while a 2-worker Spark job (``execute`` with
+    ``options``: ``spark=`` or ``master=``) reads it and commits to Parquet; check that every
+    row is committed once, each epoch whole, each file in one epoch."""
     inbox, out = tmp_path / "inbox", tmp_path / "out"
     inbox.mkdir()
 
@@ -56,7 +60,7 @@ def test_files_dropped_while_a_spark_job_runs_are_committed_once(tmp_path: Path,
     thread = threading.Thread(target=writer)
     thread.start()
     try:
-        execute(job, workers=2, runtime="spark", spark=spark)
+        execute(job, workers=2, runtime="spark", **options)
     finally:
         thread.join()
     data = read_committed(str(out))
@@ -75,3 +79,24 @@ def test_files_dropped_while_a_spark_job_runs_are_committed_once(tmp_path: Path,
     for f, t in zip(data.column("file").to_pylist(), data.column("time").to_pylist(), strict=True):
         per_file.setdefault(f, set()).add(t)
     assert all(len(times) == 1 for times in per_file.values())
+
+
+@pytest.mark.spark
+def test_files_dropped_while_a_spark_job_runs_are_committed_once(tmp_path: Path,
+                                                                 request: pytest.FixtureRequest) -> None:
+    run_directory_job(tmp_path, spark=request.getfixturevalue("spark"))
+
+
+@pytest.mark.spark
+def test_files_dropped_while_a_job_runs_on_spark_local_2_are_committed_once(tmp_path: Path) -> None:
+    """The same on ``master="local[2]"``: exactly as many task slots as workers (the barrier
+    stage needs them all), in a fresh interpreter with its own JVM."""
+    pytest.importorskip("pyspark")
+    script = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
+              "import test_directory_spark as t; "
+              "t.run_directory_job(Path(sys.argv[2]), master='local[2]')")
+    began = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stderr[-4000:]}"
+    assert time.monotonic() - began < 120  # typically ~25 s, most of it the JVM's start
