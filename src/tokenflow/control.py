@@ -92,6 +92,15 @@ class QueueHub:
     def __init__(self, workers: int) -> None:
         self.commands: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in range(workers)]
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
+        self._finished: set[int] = set()
+
+    def finish(self, worker: int) -> None:
+        """``worker`` returned: it answers no more commands."""
+        self._finished.add(worker)
+
+    def gone(self) -> set[int]:
+        """Workers that answer no more commands (they returned)."""
+        return set(self._finished)
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         self.commands[worker].put(dict(message))
@@ -135,16 +144,23 @@ class CoordinatorHub:
         self.connect_timeout = connect_timeout
         self.alive = alive
         """Whether the job still runs (a worker of an ended job never connects)."""
+        self._seen: set[int] = set()
+
+    def gone(self) -> set[int]:
+        """Workers that were connected and are no longer (they returned, or died)."""
+        return self._seen - set(self.coordinator.connected())
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send to ``worker``, waiting up to ``connect_timeout`` s for it to connect (workers
         connect when they start).
 
         Raises:
-            ControlError: the worker did not connect in time.
+            ControlError: the worker did not connect in time, or it was connected and is gone.
         """
         deadline = time.monotonic() + self.connect_timeout
         while worker not in self.coordinator.connected():
+            if worker in self._seen:
+                raise ControlError(f"worker {worker} has ended (its connection closed)")
             if self.alive is not None and not self.alive():
                 raise ControlError(f"the job ended before worker {worker} connected to the "
                                    "coordinator (nothing left to snapshot?)")
@@ -152,6 +168,7 @@ class CoordinatorHub:
                 raise ControlError(f"worker {worker} did not connect to the coordinator within "
                                    f"{self.connect_timeout} s")
             time.sleep(0.01)
+        self._seen.add(worker)
         self.coordinator.send(worker, message)
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
@@ -296,6 +313,11 @@ class ControlAgent:
         return None
 
 
+def _gone(hub: Hub) -> set[int]:
+    gone = getattr(hub, "gone", None)
+    return gone() if gone is not None else set()
+
+
 def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
             alive: Callable[[], bool] | None = None, round_: Any = None) -> dict[int, dict[str, Any]]:
     """One reply of ``kind`` from each of ``workers``; replies of another protocol round
@@ -312,6 +334,9 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
         left = deadline - time.monotonic()
         message = hub.receive(min(0.1, left)) if left > 0 else None
         if message is None:
+            ended = waiting & _gone(hub)
+            if ended:
+                raise ControlError(f"workers {sorted(ended)} ended before they sent {kind!r}")
             if left > 0 and (alive is None or alive()):
                 continue
             if left > 0:
@@ -388,10 +413,11 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats)
     except (ControlError, SnapshotError):
         if alive is None or alive():
-            try:  # whoever is still paused goes on; their replies to this round are ignored
-                send_all("resume")
-            except (ControlError, OSError, KeyError):
-                pass
+            for w in workers:  # whoever is still paused goes on; its replies are ignored
+                try:
+                    hub.send(w, {"kind": "resume", "round": round_})
+                except (ControlError, OSError, KeyError):
+                    pass  # ended or gone
         raise
 
 

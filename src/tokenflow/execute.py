@@ -172,6 +172,7 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
             worker.step_until_done()
             if agent is not None:
                 agent.finish()  # a snapshot part still being written
+                hub.finish(i)
             if reporter is not None:
                 reporter.close(worker)
         except WorkerAborted:
