@@ -364,9 +364,20 @@ def main() -> None:
                         help=f"comma-separated subset of {', '.join(FAULTS)}")
     parser.add_argument("--output", default=str(RESULTS / "kill_trials.md"))
     parser.add_argument("--child")
+    parser.add_argument("--from-log", help="write the report from the printed lines of an "
+                                           "interrupted run (its stdout) instead of running trials")
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
+        return
+    if args.from_log:
+        text = Path(args.from_log).read_text()
+        trials = [eval(line.split(": ", 1)[1], {"Trial": Trial, "nan": float("nan")})  # noqa: S307
+                  for line in text.splitlines() if line.startswith(("trial ", "corruption "))]
+        report_text = report(trials, args, float("nan")).replace(
+            "trials in nan min", "trials (an interrupted run, reported from its log)")
+        Path(args.output).write_text(report_text)
+        print(report_text)
         return
     if args.quick:
         args.trials, args.corruptions = 8, 4
