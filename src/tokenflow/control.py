@@ -241,6 +241,9 @@ class ControlAgent:
         previous = message.get("previous")
         states = worker.export_states()
         meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
+        if not self._parts and getattr(worker, "restore", None) is not None:
+            self._parts = {int(worker.restore.epoch): worker.restore.entries(worker.index,
+                                                                             worker.routing)}
         base = self._parts.get(int(previous)) if previous is not None else None
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
@@ -255,7 +258,10 @@ class ControlAgent:
                 self.link.send({"kind": "write_failed", "worker": index, "round": round_,
                                 "error": f"{type(exc).__name__}: {exc}"[:2000]})
                 return
-            self._parts = {epoch: part.entries or {}}  # the next part builds on this one
+            # the next part builds on the committed one the driver names: keep the last few
+            self._parts[epoch] = part.entries or {}
+            for old in sorted(self._parts)[:-3]:
+                del self._parts[old]
             self.link.send({"kind": "written", "worker": index, "round": round_,
                             "index_path": part.index_path,
                             "crc32": part.crc32, "bytes_written": part.bytes_written,
@@ -318,10 +324,17 @@ def _gone(hub: Hub) -> set[int]:
     return gone() if gone is not None else set()
 
 
+_LATER = {"captured": ("written", "write_failed")}
+"""Replies that may overtake the ones gathered: a worker that captured its state early may
+report its part written before a slower worker reports its capture."""
+
+
 def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
-            alive: Callable[[], bool] | None = None, round_: Any = None) -> dict[int, dict[str, Any]]:
+            alive: Callable[[], bool] | None = None, round_: Any = None,
+            stash: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
     """One reply of ``kind`` from each of ``workers``; replies of another protocol round
-    than ``round_`` (left over from a round that failed) are dropped.
+    than ``round_`` (left over from a round that failed) are dropped, and replies that may
+    overtake these (``_LATER``) are kept in ``stash`` for the gather that wants them.
 
     Raises:
         ControlError: a reply of another kind, none within ``timeout`` seconds, or the job
@@ -330,9 +343,16 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
     waiting = set(workers)
     replies: dict[int, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
+    stash = stash if stash is not None else []
+    early = [m for m in stash if m.get("kind") in (kind, "write_failed")]
+    for m in early:
+        stash.remove(m)
     while waiting:
         left = deadline - time.monotonic()
-        message = hub.receive(min(0.1, left)) if left > 0 else None
+        if early:
+            message: dict[str, Any] | None = early.pop(0)
+        else:
+            message = hub.receive(min(0.1, left)) if left > 0 else None
         if message is None:
             ended = waiting & _gone(hub)
             if ended:
@@ -345,6 +365,9 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
             raise ControlError(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
         if message.get("round") != round_:
             continue  # a reply to an earlier, abandoned round
+        if message.get("kind") in _LATER.get(kind, ()):
+            stash.append(message)
+            continue
         if message.get("kind") == "write_failed":
             raise ControlError(f"worker {message.get('worker')} could not write its snapshot "
                                f"part: {message.get('error')}")
@@ -406,8 +429,10 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         for w in workers:
             hub.send(w, {"kind": kind, "round": round_, **fields})
 
+    stash: list[dict[str, Any]] = []
+
     def gather(kind: str) -> dict[int, dict[str, Any]]:
-        return _gather(hub, kind, workers, timeout, alive, round_)
+        return _gather(hub, kind, workers, timeout, alive, round_, stash)
 
     try:
         return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats)

@@ -303,7 +303,9 @@ class CheckpointedJob:
     def _checkpoint_loop(self, attempt: _Attempt) -> None:
         handle = attempt.handle
         while handle.running:
-            self._wake.wait(self.interval)
+            deadline = time.monotonic() + self.interval
+            while handle.running and not self._wake.is_set() and time.monotonic() < deadline:
+                handle.wait(0.02)  # a job that ends (or fails) is seen at once
             self._wake.clear()
             if not handle.running:
                 return

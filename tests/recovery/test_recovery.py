@@ -145,3 +145,21 @@ def test_a_crash_while_committing_an_epoch_staged_before_the_checkpoint(
     assert not trigger.exists(), "the committer was not killed: the test proves nothing"
     assert job.failures == 1
     assert committed_rows(tmp_path / "out") == committed_rows(whole)
+
+
+def test_the_first_checkpoint_after_a_restore_is_incremental(tmp_path: Path, table) -> None:
+    """A restarted worker builds its first part on the restored checkpoint's blobs (same
+    routing table), so it writes only the bins that changed since."""
+    ckpt = tmp_path / "ckpt"
+    first = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pace=0.01), workers=2,
+                            runtime="thread", checkpoint=ckpt, interval=0.05, name=NAME)
+    first.start()
+    wait_for(lambda: len(committed_epochs(ckpt)) >= 1)
+    first.stop()
+    first.result(timeout=120)
+    resumed = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pace=0.01), workers=2,
+                              runtime="thread", checkpoint=ckpt, interval=0.05, name=NAME,
+                              restore=True)
+    resumed.run()
+    assert resumed.stats, "no checkpoint after the restore: the test proves nothing"
+    assert resumed.stats[0].bytes_reused > 0

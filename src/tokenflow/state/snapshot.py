@@ -718,6 +718,18 @@ class Snapshot:
             return _join(self._dir, _part_name(worker, "bins"))
         return _join(_join(self._root, _dir_name(epoch)), _part_name(worker, "bins"))
 
+    def entries(self, worker: int, routing: RoutingTable) -> dict[str, dict[int, Entry]]:
+        """The blobs of the bins ``worker`` owns under ``routing``, as absolute ``Entry``s:
+        the ``previous`` of that worker's first incremental part after a restore, when
+        ``routing`` is this snapshot's table (otherwise ``{}``: the bins moved, write in full)."""
+        mine, theirs = routing.to_json(), self.routing.to_json()
+        if mine["bins"] != theirs["bins"] or mine["owners"] != theirs["owners"]:
+            return {}  # (the table's version may differ: only who owns what matters)
+        owned = set(routing.owned_by(worker).tolist())
+        return {state: {b: [blob[3], blob[4], blob[5], blob[6], blob[7], blob[2]]
+                        for b, blob in blobs.items() if b in owned}
+                for state, blobs in self._blobs.items()}
+
     def files(self) -> set[tuple[int, int]]:
         """``(epoch, worker)`` of every ``.bins`` file this snapshot reads blobs from: its own
         parts' and, when incremental, earlier snapshots' under the same root."""
