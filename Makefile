@@ -22,6 +22,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q -p no:cacheprovider tests
 
 bench: $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 lint: $(STAMP)
