@@ -1694,9 +1694,8 @@ class Neighbours:
                 if proc.info["pid"] in mine or not cmd or "python" not in os.path.basename(cmd[0]):
                     continue
                 script = next((a for a in cmd[1:] if a.endswith(".py") or a == "pytest"), None)
-                if script is not None:
-                    names.add(script if "/work/" not in script else script.split("/")[-2] + "/"
-                              + script.split("/")[-1])
+                if script is not None:  # the last two path parts: enough to recognise it
+                    names.add("/".join(script.split("/")[-2:]))
             self.samples += 1
             self.load.append(os.getloadavg()[0])
             for name in names:
