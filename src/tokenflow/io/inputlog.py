@@ -77,6 +77,8 @@ from typing import Any
 import cloudpickle
 import pyarrow as pa
 
+from tokenflow.state.snapshot import fsync_path
+
 FORMAT = 1
 """Version of the file layout written and read by this module."""
 MAGIC = b"TFINLOG1"
@@ -249,16 +251,6 @@ def _list(directory: str) -> list[Seal]:
     return [_parse(directory, n) for n in sorted(names) if not n.startswith(_TMP)]
 
 
-def _fsync_dir(path: str) -> None:
-    if os.name != "posix":
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _make_dirs(path: str) -> None:
     """Create ``path`` and missing parents, fsyncing each parent after creating a child."""
     missing = []
@@ -274,7 +266,7 @@ def _make_dirs(path: str) -> None:
             os.mkdir(d)
         except FileExistsError:
             continue
-        _fsync_dir(os.path.dirname(d))
+        fsync_path(os.path.dirname(d))
 
 
 def _write_durably(directory: str, name: str, chunks: Iterable[Any]) -> str:
@@ -295,7 +287,7 @@ def _write_durably(directory: str, name: str, chunks: Iterable[Any]) -> str:
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    fsync_path(directory)
     return final
 
 
@@ -521,7 +513,7 @@ class InputLog:
                 os.unlink(seal.path)
                 removed = True
         if removed:
-            _fsync_dir(directory)
+            fsync_path(directory)
 
     # -- reading ----------------------------------------------------------------------------
 
@@ -698,5 +690,5 @@ def truncate(root: str | os.PathLike[str], below: int, job: str | None = None) -
             removed += 1
             changed = True
         if changed:
-            _fsync_dir(directory)
+            fsync_path(directory)
     return removed

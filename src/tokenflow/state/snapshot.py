@@ -161,7 +161,9 @@ def _local_path(fs: pafs.FileSystem, path: str) -> str | None:
     return None
 
 
-def _fsync_path(os_path: str) -> None:
+def fsync_path(os_path: str) -> None:
+    """Flush a local file or directory to disk (a directory: the names renamed into it);
+    nothing off POSIX."""
     if os.name != "posix":
         return
     fd = os.open(os_path, os.O_RDONLY)
@@ -176,10 +178,10 @@ def _publish(fs: pafs.FileSystem, tmp: str, final: str) -> None:
     after on a local filesystem."""
     local = _local_path(fs, tmp)
     if local is not None:
-        _fsync_path(local)
+        fsync_path(local)
     fs.move(tmp, final)
     if local is not None:
-        _fsync_path(os.path.dirname(local) or ".")
+        fsync_path(os.path.dirname(local) or ".")
 
 
 def _tmp_name(directory: str, name: str) -> str:
@@ -222,7 +224,7 @@ def _make_dir(fs: pafs.FileSystem, root: str, directory: str) -> None:
     fs.create_dir(directory, recursive=True)
     local = _local_path(fs, root)
     if local is not None:
-        _fsync_path(local)
+        fsync_path(local)
 
 
 def _read_whole(fs: pafs.FileSystem, path: str, what: str) -> bytes:
@@ -864,4 +866,5 @@ def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob) -> pa.Table:
 
 
 __all__ = ["FORMAT", "MANIFEST", "Snapshot", "SnapshotError", "WorkerPart", "commit_snapshot",
-           "committed_epochs", "delete_snapshot", "prune", "snapshot_dir", "write_worker_part"]
+           "committed_epochs", "delete_snapshot", "fsync_path", "prune", "snapshot_dir",
+           "write_worker_part"]
