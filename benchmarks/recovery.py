@@ -107,6 +107,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from _provenance import provenance  # a sibling module: benchmarks run as scripts
 
 RESULTS = Path(__file__).resolve().parent / "results"
 REPO = Path(__file__).resolve().parent.parent
@@ -1022,24 +1023,6 @@ def measure_stores(exports: list[dict[int, pa.Table]], keys: int, changed: float
 
 
 # == report ======================================================================================
-
-
-def provenance() -> str:
-    import tokenflow
-
-    src = Path(tokenflow.__file__).resolve().parents[1]
-    try:
-        def git(*args: str) -> str:
-            return subprocess.run(["git", *args], cwd=src, capture_output=True, text=True,
-                                  check=True).stdout
-
-        commit = git("rev-parse", "--short", "HEAD").strip()
-        dirty = [line[3:] for line in git("status", "--porcelain", "--", ".").splitlines() if line]
-    except (OSError, subprocess.CalledProcessError):
-        return "tokenflow imported from an installed copy (not a git checkout)."
-    changed = ", ".join(f"`{d}`" for d in dirty) if dirty else "none"
-    return (f"tokenflow imported from this repository's `src/` at commit {commit}; uncommitted "
-            f"changes under it: {changed}.")
 
 
 def ms(x: float) -> str:

@@ -73,6 +73,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from _provenance import provenance  # a sibling module: benchmarks run as scripts
 
 from tokenflow import execute
 from tokenflow.dataflow.channels import Exchange
@@ -738,29 +739,6 @@ def _write_snapshot(root: Path, row: Any, state: str,
     row.export_s.append(export_s)
     row.write_s.append(write_s)
     row.snapshot_bytes = sum(p.bytes_written for p in parts)
-
-
-def provenance() -> str:
-    """Where ``tokenflow`` was imported from, its git commit and the files of ``src/`` with
-    uncommitted changes (other work in the same tree can change what is measured)."""
-    import subprocess
-
-    import tokenflow
-
-    src = Path(tokenflow.__file__).resolve().parents[1]
-    try:
-        def git(*args: str) -> str:
-            return subprocess.run(["git", *args], cwd=src, capture_output=True, text=True,
-                                  check=True).stdout
-
-        commit = git("rev-parse", "--short", "HEAD").strip()
-        dirty = [line[3:] for line in git("status", "--porcelain", "--", ".").splitlines() if line]
-    except (OSError, subprocess.CalledProcessError):
-        return "tokenflow imported from an installed copy (not a git checkout)."
-    changed = ", ".join(f"`{d}`" for d in dirty) if dirty else "none"
-    # the checkout's own `src/`, named relative to the repository (no machine path)
-    return (f"tokenflow imported from this repository's `src/` at commit {commit}; uncommitted "
-            f"changes under it: {changed}.")
 
 
 def verdict(ok: bool) -> str:
