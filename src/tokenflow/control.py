@@ -76,6 +76,10 @@ class Hub(Protocol):
 
     def receive(self, timeout: float) -> dict[str, Any] | None: ...
 
+    def gone(self) -> set[int]:
+        """Workers that will answer no more commands (they returned or died)."""
+        ...
+
 
 class Link(Protocol):
     """A worker's side: send replies, receive commands."""
@@ -319,11 +323,6 @@ class ControlAgent:
         return None
 
 
-def _gone(hub: Hub) -> set[int]:
-    gone = getattr(hub, "gone", None)
-    return gone() if gone is not None else set()
-
-
 _LATER = {"captured": ("written", "write_failed")}
 """Replies that may overtake the ones gathered: a worker that captured its state early may
 report its part written before a slower worker reports its capture."""
@@ -354,7 +353,7 @@ def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
         else:
             message = hub.receive(min(0.1, left)) if left > 0 else None
         if message is None:
-            ended = waiting & _gone(hub)
+            ended = waiting & hub.gone()
             if ended:
                 raise ControlError(f"workers {sorted(ended)} ended before they sent {kind!r}")
             if left > 0 and (alive is None or alive()):
