@@ -116,6 +116,9 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     the job as stalled and the others are ended; None: never; the ``thread`` runtime, whose
     workers cannot stop alone, ignores it).  See docs/ARCHITECTURE.md ("Execution model").
 
+    Publish/subscribe (every runtime): ``catalog=Catalog(...).endpoint`` (``tokenflow.pubsub``)
+    lets the job's ``Stream.publish`` register its topics there.
+
     State options (every runtime): ``bins=`` (bins of the routing table, default 4,096),
     ``restore=DIR`` (start from the latest committed snapshot under ``DIR``, or ``epoch=``'s,
     at this worker count: ``tokenflow.job``), ``name=`` (the job's name; default the
@@ -134,8 +137,11 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     spec = options.pop("spec", None)
     bins, restore = options.pop("bins", DEFAULT_BINS), options.pop("restore", None)
     epoch, name = options.pop("epoch", None), options.pop("name", None)
+    catalog = options.pop("catalog", None)
     if spec is None:
         spec = JobSpec.create(name or job_name(fn), workers, bins, restore, epoch)
+    if catalog is not None:
+        spec.catalog = tuple(catalog)
     options["spec"] = spec
     if runtime != "thread":
         # Runtimes above this layer are looked up by name (a plugin registry, so that the

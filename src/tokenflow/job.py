@@ -44,6 +44,8 @@ class JobSpec:
         log_root: where the job's durable input log lives (``Worker.input_log``), or None.
         run: this run's tag, the same on every worker (made on the driver): the input log
             tells runs apart by it.
+        catalog: ``(host, port, token)`` of the job's publish/subscribe catalog
+            (``tokenflow.pubsub.Catalog``), given to workers as ``Worker.catalog``.
     """
 
     name: str
@@ -54,6 +56,7 @@ class JobSpec:
     replay: bool = False
     log_root: str | None = None
     run: str = field(default_factory=lambda: f"{time.time_ns():020d}")
+    catalog: tuple[str, int, str] | None = None
     _table: RoutingTable | None = field(default=None, repr=False, compare=False)
 
     @classmethod
@@ -91,6 +94,7 @@ class JobSpec:
         """
         worker.routing = self.table
         worker.replay = self.replay
+        worker.catalog = self.catalog
         if self.log_root is not None:
             from tokenflow.io.inputlog import InputLog  # the io layer, above this one
 

@@ -96,6 +96,8 @@ class Worker:
         self.input_log: Any = None
         """The job's durable input log for this worker (``tokenflow.io.inputlog.InputLog``),
         or None when the job runs without checkpoints."""
+        self.catalog: tuple[str, int, str] | None = None
+        """``(host, port, token)`` of the job's publish/subscribe catalog, or None."""
         self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle
         self.traffic = Traffic()
         self.stopped = False

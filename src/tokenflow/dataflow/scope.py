@@ -85,6 +85,19 @@ class Scope:
 
         return new_input(self, name)
 
+    def subscribe(self, url: str, topic: str, token: str | None = None, **options: Any) -> Stream:
+        """A source of ``topic`` published by another job (catalog at ``url``): whole epochs
+        as Arrow record batches at their own (``int``) times, on worker 0; ``options`` and
+        errors as for ``tokenflow.pubsub.subscribe_source``.
+
+        Delegates to ``tokenflow.pubsub.subscribe_source`` (looked up by name: that layer is
+        above this one).
+        """
+        import importlib
+
+        module = importlib.import_module("tokenflow.pubsub")
+        return module.subscribe_source(self, url, topic, token, **options)  # type: ignore[no-any-return]
+
     def iterative(self, build: Callable[[Scope], R], name: str = "Iterative") -> R:
         """Build a nested scope with ``Product(outer, iteration)`` times.
 

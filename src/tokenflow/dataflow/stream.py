@@ -231,6 +231,19 @@ class Stream:
 
         return capture(self, name)
 
+    def publish(self, topic: str, **options: Any) -> Any:
+        """Serve this stream as ``topic`` to subscribers, a partition per worker, registered in
+        the job's catalog (run the job with ``execute(..., catalog=Catalog().endpoint)``).
+        Whole epochs only reach subscribers (the Strymon publish/subscribe protocol).  Returns
+        this worker's ``Publisher``; ``options`` and errors as for ``tokenflow.pubsub.publish``.
+
+        Delegates to ``tokenflow.pubsub.publish`` (looked up by name: that layer is above this
+        one).
+        """
+        import importlib
+
+        return importlib.import_module("tokenflow.pubsub").publish(self, topic, **options)
+
     def delay(self, fn: Callable[[Any, Any], Any], name: str = "Delay") -> Stream:
         """Send each record at the later time ``fn(record, time)``, once that time is complete.
 

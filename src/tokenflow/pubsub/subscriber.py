@@ -1,0 +1,273 @@
+"""``Subscription``: a plain Python client of a published topic, an iterator of whole epochs.
+
+Source: the Strymon publish/subscribe protocol, "Subscriber Logic" (consult the catalog, connect
+to every partition, wait for all initial snapshots, merge them into one filter, release an
+epoch once every partition completed it); ``tokenflow.pubsub.assembler`` holds the merge.
+
+Beyond the seed: the filter is sent to the publishers, so dropped epochs never cross the
+network; ``start="earliest"`` joins at the oldest epoch the publishers still hold instead of the
+next latent one; a partition that disconnects (a slow subscriber, a network fault) is
+reconnected with ``since`` = the subscription's position, so no epoch is lost, repeated or cut;
+``since=`` resumes a subscription another process left (``position`` tells where).
+"""
+
+from __future__ import annotations
+
+import queue
+import secrets
+import socket
+import threading
+import time as clock
+from collections.abc import Iterator
+from typing import Any, NamedTuple
+
+import pyarrow as pa
+
+from tokenflow.pubsub import wire
+from tokenflow.pubsub.assembler import EpochAssembler
+from tokenflow.pubsub.catalog import lookup
+from tokenflow.pubsub.frontiers import EpochFilter, maximal
+
+RECONNECTS = 5
+"""Attempts to reconnect a lost partition (with back-off) before the iterator raises."""
+
+
+class Epoch(NamedTuple):
+    """One complete epoch of a topic: its time and every row of it, over all partitions."""
+
+    time: Any
+    batch: pa.RecordBatch
+
+    def to_pandas(self) -> Any:
+        """The epoch's rows as a ``pandas.DataFrame``."""
+        return self.batch.to_pandas()
+
+
+def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One record batch of ``batches`` (same schema)."""
+    if len(batches) == 1:
+        return batches[0]
+    if hasattr(pa, "concat_batches"):
+        return pa.concat_batches(batches)
+    return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]  # pragma: no cover
+
+
+class _Lost(NamedTuple):
+    partition: int
+    generation: int
+    reason: str
+    refused: bool = False  # the publisher refused (e.g. a resume position it no longer holds)
+
+
+class Subscription:
+    """Subscribe to ``topic`` of the job whose catalog is at ``url``; iterate over ``Epoch``s.
+
+    Args:
+        url: the catalog, ``tokenflow://host:port``.
+        topic: a published topic.
+        token: the job's token (default ``$TOKENFLOW_TOKEN``).
+        start: ``"latent"`` (the seed: the first epoch no partition had begun when joining) or
+            ``"earliest"`` (the oldest complete epochs the publishers still retain).
+        since: resume at this antichain (a ``position`` of an earlier subscription): every
+            epoch ``≥`` an element of it, exactly once.
+        max_body: largest Arrow body accepted (bytes).
+        timeout: seconds to wait for the topic in the catalog and for connections.
+
+    Raises:
+        LookupError: the topic is not in the catalog in time.
+        wire.AuthenticationError: a wrong token (either side).
+        wire.ProtocolError: a publisher broke the protocol, or refused (e.g. a resume position
+            older than what it retains).
+        ConnectionError: while iterating, a partition stayed unreachable for ``RECONNECTS``
+            attempts.
+    """
+
+    def __init__(self, url: str, topic: str, token: str | None = None, *, start: str = "latent",
+                 since: list[Any] | None = None, max_body: int = wire.MAX_BODY,
+                 timeout: float = 30.0, buffer: int = 256) -> None:
+        if start not in ("latent", "earliest"):
+            raise ValueError(f"start must be 'latent' or 'earliest', not {start!r}")
+        self.url, self.topic = url, topic
+        self._token = wire.token_from(token)
+        self._timeout = timeout
+        self._max_body = max_body
+        entry = lookup(url, topic, self._token, timeout)
+        self.schema: list[list[str]] | None = entry.get("schema")
+        self.time_type: str | None = entry.get("time")
+        self._partitions = [(p["host"], p["port"]) for p in entry["partitions"]]
+        self._assembler = EpochAssembler(len(self._partitions))
+        self._events: queue.Queue[Any] = queue.Queue(maxsize=buffer)
+        self._generation = [0] * len(self._partitions)
+        self._sockets: list[socket.socket | None] = [None] * len(self._partitions)
+        self._closed = False
+        self.reconnects = 0
+        """Partition connections re-established so far."""
+        snapshots = [self._connect(p) for p in range(len(self._partitions))]
+        if since is not None:
+            filt = EpochFilter([], list(since))
+        else:
+            key = "upper" if start == "latent" else "dropped"
+            filt = EpochFilter(maximal(t for s in snapshots for t in s[key]))
+        self._assembler.filter = filt
+        for p, snap in enumerate(snapshots):
+            self._start(p, snap, filt)
+
+    @property
+    def partitions(self) -> int:
+        return len(self._partitions)
+
+    @property
+    def position(self) -> list[Any] | None:
+        """Where this subscription stands: every epoch not ``≥`` an element was delivered
+        (None until every partition's frontier is known); pass it as ``since=`` to resume."""
+        return self._assembler.position()
+
+    # -- connections -------------------------------------------------------------------------
+
+    def _connect(self, p: int) -> dict[str, Any]:
+        host, port = self._partitions[p]
+        sock = socket.create_connection((host, port), timeout=self._timeout)
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            _, hello, _ = wire.receive(sock, (wire.HELLO,))
+            if hello.get("role") != "publisher" or hello.get("topic") != self.topic \
+                    or hello.get("partition") != p:
+                raise wire.ProtocolError(f"{host}:{port} is not partition {p} of {self.topic!r} "
+                                         f"({wire.shown(hello)})")
+            nonce = secrets.token_bytes(wire.NONCE_SIZE)
+            wire.send(sock, wire.SUBSCRIBE, {"mac": wire.mac(self._token, "subscribe",
+                                                             wire.field(hello, "nonce", bytes, "HELLO")),
+                                             "nonce": nonce, "topic": self.topic})
+            kind, meta, _ = wire.receive(sock, (wire.SNAPSHOT, wire.REFUSED))
+            if kind == wire.REFUSED:
+                raise wire.AuthenticationError(f"partition {p} of {self.topic!r} refused: "
+                                               f"{meta.get('reason')}")
+            wire.check_mac(self._token, "publisher", nonce, meta)
+            snap = {k: wire.decode_antichain(meta.get(k)) for k in ("lower", "upper", "dropped")}
+        except BaseException:
+            sock.close()
+            raise
+        self._sockets[p] = sock
+        return snap
+
+    def _start(self, p: int, snap: dict[str, Any], filt: EpochFilter) -> None:
+        sock = self._sockets[p]
+        assert sock is not None
+        self._assembler.snapshot(p, snap["lower"])
+        wire.send(sock, wire.FILTER, {
+            "drop_upto": wire.encode_antichain(filt.drop_upto),
+            "since": None if filt.since is None else wire.encode_antichain(filt.since)})
+        sock.settimeout(None)
+        generation = self._generation[p]
+        threading.Thread(target=self._read, args=(p, sock, generation), daemon=True,
+                         name=f"tokenflow-subscribe-{self.topic}-{p}").start()
+
+    def _read(self, p: int, sock: socket.socket, generation: int) -> None:
+        try:
+            while True:
+                kind, meta, body = wire.receive(sock, (wire.DATA, wire.LOWER, wire.BYE, wire.REFUSED),
+                                                self._max_body)
+                if kind == wire.DATA:
+                    event: Any = (p, generation, wire.decode_time(meta.get("time")),
+                                  wire.decode_batch(body))
+                elif kind == wire.LOWER:
+                    updates = meta.get("updates")
+                    if not isinstance(updates, list):
+                        raise wire.ProtocolError("LOWER without updates")
+                    event = (p, generation, [(wire.decode_time(u[0]), _delta(u)) for u in updates],
+                             bool(meta.get("replayed")))
+                elif kind == wire.REFUSED:
+                    self._events.put(_Lost(p, generation, str(meta.get("reason")), refused=True))
+                    return
+                else:
+                    raise ConnectionError(f"BYE: {meta.get('reason')}")
+                self._events.put(event)
+        except (OSError, ConnectionError, wire.ProtocolError) as exc:
+            if not self._closed:
+                self._events.put(_Lost(p, generation, f"{type(exc).__name__}: {exc}"))
+
+    def _reconnect(self, lost: _Lost) -> None:
+        p = lost.partition
+        old = self._sockets[p]
+        if old is not None:
+            old.close()
+        self._generation[p] += 1
+        assembler = self._assembler
+        assert assembler.filter is not None
+        filt = EpochFilter(list(assembler.filter.drop_upto), assembler.last_position)
+        error: Exception | None = None
+        for attempt in range(RECONNECTS):
+            try:
+                snap = self._connect(p)
+                self._start(p, snap, filt)
+                self.reconnects += 1
+                return
+            except wire.AuthenticationError:
+                raise
+            except (OSError, wire.ProtocolError) as exc:
+                error = exc
+                clock.sleep(min(0.1 * 2 ** attempt, 2.0))
+        host, port = self._partitions[p]
+        raise ConnectionError(f"partition {p} of {self.topic!r} at {host}:{port} lost "
+                              f"({lost.reason}) and not reconnected: {error}")
+
+    # -- iteration ---------------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[Epoch]:
+        assembler = self._assembler
+        while not assembler.finished:
+            event = self._events.get()
+            if isinstance(event, _Lost):
+                if event.refused:
+                    self.close()
+                    raise wire.ProtocolError(f"partition {event.partition} of {self.topic!r} "
+                                             f"refused: {event.reason}")
+                if event.generation == self._generation[event.partition] and not assembler.finished:
+                    self._reconnect(event)
+                continue
+            p, generation = event[0], event[1]
+            if generation != self._generation[p]:
+                continue  # from a connection given up
+            if isinstance(event[3], pa.RecordBatch):
+                assembler.data(p, event[2], event[3])
+                continue
+            for time, batches in assembler.lower(p, event[2], event[3]):
+                yield Epoch(time, concat(batches))
+        self.close()
+
+    def epochs(self, limit: int | None = None) -> list[Epoch]:
+        """The next ``limit`` epochs (all, until the stream ends, when None)."""
+        out = []
+        for epoch in self:
+            out.append(epoch)
+            if limit is not None and len(out) >= limit:
+                break
+        return out
+
+    def close(self) -> None:
+        """Disconnect from every partition."""
+        self._closed = True
+        for s in self._sockets:
+            if s is not None:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                s.close()
+
+    def __enter__(self) -> Subscription:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _delta(update: Any) -> int:
+    if not isinstance(update, (list, tuple)) or len(update) != 2 or update[1] not in (1, -1):
+        raise wire.ProtocolError(f"malformed frontier update {wire.shown(update)}")
+    return int(update[1])
+
+
+def subscribe(url: str, topic: str, token: str | None = None, **options: Any) -> Subscription:
+    """``Subscription(url, topic, token, **options)``."""
+    return Subscription(url, topic, token, **options)
