@@ -31,7 +31,8 @@ class EpochAssembler:
     def __init__(self, partitions: int) -> None:
         self.partitions = partitions
         self._lower: list[dict[Any, int] | None] = [None] * partitions  # None: not yet counted
-        self._snapshot_lower: list[list[Any]] = [[] for _ in range(partitions)]
+        # None: the partition's frontier was not known at its snapshot (the bottom element)
+        self._snapshot_lower: list[list[Any] | None] = [None] * partitions
         self._buffer: dict[Any, dict[int, list[Any]]] = defaultdict(lambda: defaultdict(list))
         self.filter: EpochFilter | None = None
         self.released = 0
@@ -48,11 +49,13 @@ class EpochAssembler:
         frontier (or, for ``earliest``, its dropped frontier)."""
         return EpochFilter(maximal(t for upper in uppers for t in upper))
 
-    def snapshot(self, partition: int, lower: list[Any]) -> None:
+    def snapshot(self, partition: int, lower: list[Any], known: bool = True) -> None:
         """Partition ``partition`` sent its snapshot (again, after a reconnect): its frontier
-        counts from its replay-end marker on; its unreleased batches are dropped."""
+        counts from its replay-end marker on (``known=False``: from its first frontier update
+        after the marker, the publisher having seen none yet); its unreleased batches are
+        dropped."""
         self._lower[partition] = None
-        self._snapshot_lower[partition] = list(lower)
+        self._snapshot_lower[partition] = list(lower) if known else None
         for parts in self._buffer.values():
             parts.pop(partition, None)
 
@@ -70,9 +73,14 @@ class EpochAssembler:
         first (lexicographic order, a linear extension of ``Product``'s order)."""
         counts = self._lower[partition]
         if replayed:
-            counts = self._lower[partition] = {t: 1 for t in self._snapshot_lower[partition]}
+            start = self._snapshot_lower[partition]
+            if start is None:
+                return []  # counted from the first update on (relative to the empty frontier)
+            counts = self._lower[partition] = {t: 1 for t in start}
         if counts is None:
-            return []
+            if self._snapshot_lower[partition] is not None:
+                return []  # an update before the replay-end marker: impossible, ignored
+            counts = self._lower[partition] = {}
         for time, delta in updates:
             n = counts.get(time, 0) + delta
             if n:

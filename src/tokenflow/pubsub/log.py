@@ -47,6 +47,9 @@ class Snapshot:
     lower: list[Any]
     upper: list[Any]
     dropped: list[Any]
+    known: bool = True
+    """False before the stream's first frontier reached the publisher: ``lower`` is then the
+    unknown bottom element (no epoch is complete), not the empty frontier."""
 
 
 class ResumeRefused(ValueError):
@@ -203,7 +206,7 @@ class PartitionLog:
             self._joining += 1
             lower = list(self.lower) if self.lower is not None else None
             snap = Snapshot(lower if lower is not None else [], list(self.upper.elements),
-                            list(self.dropped.elements))
+                            list(self.dropped.elements), lower is not None)
             return snap, sub, self._seq
 
     def start(self, sub: Subscriber, mark: int, filt: EpochFilter) -> None:

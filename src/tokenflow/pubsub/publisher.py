@@ -89,7 +89,7 @@ class Publisher:
                 "mac": wire.mac(self._token, "publisher", client_nonce),
                 "lower": wire.encode_antichain(snap.lower), "upper": wire.encode_antichain(snap.upper),
                 "dropped": wire.encode_antichain(snap.dropped),
-                "known": self.log.lower is not None})
+                "known": snap.known})
             _, request_, _ = wire.receive(sock, (wire.FILTER,))
             since = request_.get("since")
             filt = EpochFilter(wire.decode_antichain(request_.get("drop_upto", [])),

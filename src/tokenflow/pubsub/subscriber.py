@@ -144,6 +144,7 @@ class Subscription:
                                                f"{meta.get('reason')}")
             wire.check_mac(self._token, "publisher", nonce, meta)
             snap = {k: wire.decode_antichain(meta.get(k)) for k in ("lower", "upper", "dropped")}
+            snap["known"] = bool(meta.get("known", True))
         except BaseException:
             sock.close()
             raise
@@ -153,7 +154,7 @@ class Subscription:
     def _start(self, p: int, snap: dict[str, Any], filt: EpochFilter) -> None:
         sock = self._sockets[p]
         assert sock is not None
-        self._assembler.snapshot(p, snap["lower"])
+        self._assembler.snapshot(p, snap["lower"], snap["known"])
         wire.send(sock, wire.FILTER, {
             "drop_upto": wire.encode_antichain(filt.drop_upto),
             "since": None if filt.since is None else wire.encode_antichain(filt.since)})
