@@ -79,25 +79,35 @@ class Subscriber:
     def queued_bytes(self) -> int:
         return self._bytes
 
-    def _put(self, data: bytes) -> None:
+    def _put(self, data: bytes, counted: bool = True) -> None:
+        """Queue ``data``; ``counted=False`` for frames replayed from retention (they are the
+        retained bytes objects themselves, so they cost no memory of their own)."""
         if self.closed:
             return
         with self._cond:
             self._queue.append(data)
-            self._bytes += len(data)
+            if counted:
+                self._bytes += len(data)
             self._cond.notify()
         if self._bytes > self._max_queue:
-            self.overflowed = True
-            self.close()
-            self._on_overflow(self)
+            self._overflow()
 
     def _hold(self, time: Any, data: bytes) -> None:
         self._pending.append((time, data))
         self._bytes += len(data)
         if self._bytes > self._max_queue:
+            self._overflow()
+
+    def _overflow(self) -> None:
+        """Too far behind: drop what is queued and close (the sender then disconnects)."""
+        with self._cond:
             self.overflowed = True
-            self.close()
-            self._on_overflow(self)
+            self.closed = True
+            self._queue.clear()
+            self._pending = []
+            self._bytes = 0
+            self._cond.notify()
+        self._on_overflow(self)
 
     def take(self, timeout: float) -> list[bytes] | None:
         """Every queued frame (waiting up to ``timeout`` s for one); None once closed."""
@@ -108,7 +118,7 @@ class Subscriber:
                 return None
             out = list(self._queue)
             self._queue.clear()
-            self._bytes -= sum(len(d) for d in out)
+            self._bytes = 0
             return out
 
     def drained(self) -> bool:
@@ -230,7 +240,7 @@ class PartitionLog:
                     if seq >= mark:
                         break
                     if filt.passes(time):
-                        sub._put(frame)
+                        sub._put(frame, counted=False)
                 sub._put(wire.frame(wire.LOWER, {"updates": [], "replayed": True}))
                 pending, sub._pending = sub._pending, []
                 sub._bytes -= sum(len(f) for _, f in pending)

@@ -26,7 +26,7 @@ import pyarrow as pa
 from tokenflow.pubsub import wire
 from tokenflow.pubsub.assembler import EpochAssembler
 from tokenflow.pubsub.catalog import lookup
-from tokenflow.pubsub.frontiers import EpochFilter, maximal
+from tokenflow.pubsub.frontiers import EpochFilter, maximal, minimal
 
 RECONNECTS = 5
 """Attempts to reconnect a lost partition (with back-off) before the iterator raises."""
@@ -102,6 +102,8 @@ class Subscription:
         self._closed = False
         self.reconnects = 0
         """Partition connections re-established so far."""
+        self._stuck: tuple[Any, int] = (None, 0)  # (position, reconnects at it)
+        self._yielding: list[Any] | None = None
         snapshots = [self._connect(p) for p in range(len(self._partitions))]
         if since is not None:
             filt = EpochFilter([], list(since))
@@ -119,8 +121,11 @@ class Subscription:
     @property
     def position(self) -> list[Any] | None:
         """Where this subscription stands: every epoch not ``≥`` an element was delivered
-        (None until every partition's frontier is known); pass it as ``since=`` to resume."""
-        return self._assembler.position()
+        (None until every partition's frontier is known); pass it as ``since=`` to resume.
+        While epochs released together are being yielded, it names the next of them."""
+        if self._yielding is not None:
+            return self._yielding
+        return self._assembler.last_position
 
     # -- connections -------------------------------------------------------------------------
 
@@ -196,6 +201,13 @@ class Subscription:
         assembler = self._assembler
         assert assembler.filter is not None
         filt = EpochFilter(list(assembler.filter.drop_upto), assembler.last_position)
+        at, count = self._stuck
+        self._stuck = (filt.since, count + 1 if at == filt.since else 1)
+        if self._stuck[1] > RECONNECTS:
+            self.close()
+            raise ConnectionError(f"partition {p} of {self.topic!r} disconnected {RECONNECTS + 1} "
+                                  f"times at position {filt.since} ({lost.reason}): this subscriber "
+                                  f"reads slower than the topic is published")
         error: Exception | None = None
         for attempt in range(RECONNECTS):
             try:
@@ -232,8 +244,11 @@ class Subscription:
             if isinstance(event[3], pa.RecordBatch):
                 assembler.data(p, event[2], event[3])
                 continue
-            for time, batches in assembler.lower(p, event[2], event[3]):
+            ready = assembler.lower(p, event[2], event[3])
+            for i, (time, batches) in enumerate(ready):
+                self._yielding = minimal([t for t, _ in ready[i + 1:]] + (assembler.last_position or []))
                 yield Epoch(time, concat(batches))
+            self._yielding = None
         self.close()
 
     def epochs(self, limit: int | None = None) -> list[Epoch]:
