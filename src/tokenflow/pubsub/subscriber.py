@@ -148,7 +148,8 @@ class Subscription:
                 raise wire.AuthenticationError(f"partition {p} of {self.topic!r} refused: "
                                                f"{meta.get('reason')}")
             wire.check_mac(self._token, "publisher", nonce, meta)
-            snap = {k: wire.decode_antichain(meta.get(k)) for k in ("lower", "upper", "dropped")}
+            snap: dict[str, Any] = {k: wire.decode_antichain(meta.get(k))
+                                    for k in ("lower", "upper", "dropped")}
             snap["known"] = bool(meta.get("known", True))
         except BaseException:
             sock.close()
