@@ -1,4 +1,5 @@
-"""``tokenflow demo``: flights, NEXMark q4 and q7 on Spark in one command.
+"""``tokenflow demo``: flights, NEXMark q4 and q7 on Spark in one command, then q5 published
+and subscribed to.
 
 Run in-process on the test session's Spark (``local[4]`` serves the demo's ``local[2]``), with
 20,000 NEXMark events at 1,000 events/s (20 s of event time, two 10 s windows) so it stays quick.
@@ -44,6 +45,10 @@ def test_demo_runs_three_jobs_and_writes_checked_outputs(spark: Any, tmp_path: P
     for query in ("q4", "q7"):
         assert re.search(rf"{query}\s+│\s+20,000\s+│", out), out
     assert len(re.findall(r"events/s", out)) >= 3
+    # publish/subscribe: q5's output read back by a second job and by `tokenflow subscribe`
+    # (the command compares both with the query's rows and exits 1 when they differ)
+    assert re.search(r"q5 published\s+│\s+20,000\s+│", out), out
+    assert out.count("the same rows as the query's output") == 2, out
 
     # q7: every bid with its window's maximum price, as Spark SQL finds it.
     columns = list(load("q7").COLUMNS)

@@ -261,6 +261,17 @@ def _root(version: Annotated[bool, typer.Option("--version", callback=_version, 
     """Run tokenflow (timely dataflow) jobs."""
 
 
+DEFAULT_TOKEN_FILE = Path(".tokenflow") / "token"
+TokenFileOption = Annotated[Path, typer.Option(
+    "--token-file", help="The publish/subscribe token: $TOKENFLOW_TOKEN if set, else this file "
+                         "(a publishing job creates it, mode 0600).")]
+PublishOption = Annotated[str | None, typer.Option(
+    "--publish", metavar="TOPIC", help="Publish the output under TOPIC; subscribe with "
+                                      "`tokenflow subscribe URL TOPIC`.")]
+CatalogPortOption = Annotated[int, typer.Option(
+    "--catalog-port", min=0, max=65535, help="Port of the job's publish/subscribe catalog (0: any).")]
+
+
 @app.command()
 def run(
     target: Annotated[str, typer.Argument(metavar="MODULE:FUNCTION",
@@ -292,6 +303,11 @@ def run(
     checkpoint_interval: Annotated[str | None, typer.Option(
         "--checkpoint-interval", metavar="INTERVAL",
         help="Time between checkpoints: 1s (the default), 500ms, 2.5 (seconds), 1m.")] = None,
+    catalog: Annotated[bool, typer.Option(
+        "--catalog", help="Start a publish/subscribe catalog for the job's Stream.publish "
+                          "topics.")] = False,
+    catalog_port: CatalogPortOption = 0,
+    token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
@@ -337,6 +353,9 @@ def run(
         options["master"] = master
         startup = _start_spark(master, err, quiet)
     coordinator, options["report_to"] = _coordinator(runtime, master)
+    job_catalog = start_catalog(runtime, master, catalog_port, token_file, err) if catalog else None
+    if job_catalog is not None:
+        options["catalog"] = job_catalog.endpoint
     try:
         if snapshot_dir is None:
             outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
@@ -349,6 +368,8 @@ def run(
         _fail(f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}", 1)
     finally:
         coordinator.close()
+        if job_catalog is not None:
+            job_catalog.close()
         _stop_spark()
     _raise_outcome(outcome)
     _summary(out, outcome, coordinator.snapshot(), workers, runtime.value, startup, master)
@@ -986,8 +1007,14 @@ def nexmark_query(
                              "(exactly-once with --output).")] = None,
     checkpoint_interval: CheckpointIntervalOption = "1s",
     resume: ResumeOption = False,
+    publish: PublishOption = None,
+    catalog_port: CatalogPortOption = 0,
+    token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
+
+    With ``--publish TOPIC`` the output is published while the query runs (a catalog starts on
+    the driver; ``tokenflow subscribe URL TOPIC`` or ``Subscription`` read it).
 
     With ``--checkpoint DIR`` the query takes a checkpoint every ``--checkpoint-interval`` and
     restarts from the latest one when a worker dies; ``--resume`` continues it from DIR with
@@ -1014,12 +1041,15 @@ def nexmark_query(
         startup = _start_spark(master, err, quiet=False)
         out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
     coordinator, endpoint = _coordinator(runtime, master)
+    catalog = start_catalog(runtime, master, catalog_port, token_file, err) if publish else None
     try:
         outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
                                           runtime=runtime.value, master=master, output=output,
                                           granularity_ms=granularity, lag=lag, report_to=endpoint,
                                           input=input, checkpoint=checkpoint,
-                                          checkpoint_interval=interval, resume=resume),
+                                          checkpoint_interval=interval, resume=resume,
+                                          publish=publish,
+                                          catalog=catalog.endpoint if catalog else None),
                         workers, runtime.value, coordinator, err, quiet)
         error = outcome.get("error")
         if isinstance(error, WorkerError) and isinstance(error.__cause__, InputError):
@@ -1031,6 +1061,8 @@ def nexmark_query(
         _fail("interrupted", 130)
     finally:
         coordinator.close()
+        if catalog is not None:
+            catalog.close()
         _stop_spark()
     _print_query(out, result, f"from {input}" if input is not None else f"at {rate:,}/s of event time",
                  lag)
@@ -1132,6 +1164,7 @@ def _print_flights(out: Console, result: Any, workers: int, runtime: str, output
 # -- demo ---------------------------------------------------------------------------------------
 
 DEMO_QUERIES = ("q4", "q7")
+PUBSUB_QUERY = "q5"
 """The NEXMark queries ``tokenflow demo`` runs."""
 
 
@@ -1147,11 +1180,13 @@ def demo(
     quiet: Annotated[bool, typer.Option("--quiet", help="No live progress table.")] = False,
 ) -> None:
     """The main job on Spark: flights (real data), then NEXMark q4 and q7, with live progress;
-    prints events/s and per-epoch latency p50/p99 of each and a closing table.
+    then q5 published while a second job and a `tokenflow subscribe` process read it (both
+    checked equal to the query's output); prints events/s and per-epoch latency p50/p99 of
+    each and a closing table.
 
     Spark starts once (default ``local[W]``) and its start-up time is printed apart.  Output:
     ``DIR/flights/hourly`` and ``DIR/flights/daily_delay.png``, ``DIR/q4`` and ``DIR/q7``
-    (Parquet datasets).
+    (Parquet datasets), ``DIR/q5-subscribed`` (the epochs `tokenflow subscribe` received).
     """
     from tokenflow.flights import run_flights_timed
     from tokenflow.nexmark.run import run_query
@@ -1184,6 +1219,13 @@ def demo(
             _print_query(out, result, f"at {rate:,}/s of event time", lag=4)
             rows.append((query, result.events, result.seconds, result.events_per_second,
                          result.latency_p50_ms, result.latency_p99_ms))
+        out.rule(f"publish/subscribe: NEXMark {PUBSUB_QUERY} published, read by a second job "
+                 f"and by `tokenflow subscribe`")
+        coordinator.reset()
+        result = _demo_pubsub(out, err, workers, master, events, rate, output, endpoint,
+                              coordinator, quiet)
+        rows.append((f"{PUBSUB_QUERY} published", result.events, result.seconds,
+                     result.events_per_second, result.latency_p50_ms, result.latency_p99_ms))
     except KeyboardInterrupt:
         _fail("interrupted", 130)
     finally:
@@ -1195,6 +1237,176 @@ def demo(
     for job, n, seconds, rate_, p50, p99 in rows:
         table.add_row(job, f"{n:,}", f"{seconds:.2f}", f"{rate_:,.0f}", f"{p50:.1f}", f"{p99:.1f}")
     out.print(table)
+
+
+def read_token(token_file: Path) -> str | None:
+    """``$TOKENFLOW_TOKEN``, else the contents of ``token_file``, else None."""
+    token = os.environ.get("TOKENFLOW_TOKEN")
+    if token:
+        return token
+    try:
+        return token_file.read_text().strip() or None
+    except FileNotFoundError:
+        return None
+
+
+def start_catalog(runtime: Runtime, master: str | None, port: int, token_file: Path,
+                  err: Console) -> Any:
+    """A publish/subscribe catalog for a job started here: on 127.0.0.1 for local runtimes,
+    else on every interface; its token is the existing one (``read_token``) or a fresh one
+    written to ``token_file`` (mode 0600).  Prints where to subscribe."""
+    from tokenflow.pubsub import Catalog, new_token
+
+    token = read_token(token_file)
+    if token is None:
+        token = new_token()
+        token_file.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    local = _local(runtime, master)
+    catalog = Catalog("127.0.0.1" if local else "0.0.0.0", port, token)
+    if not local:
+        catalog.host = os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname())
+        catalog.url = f"tokenflow://{catalog.host}:{catalog.port}"
+        catalog.endpoint = (catalog.host, catalog.port, token)
+    where = "$TOKENFLOW_TOKEN" if os.environ.get("TOKENFLOW_TOKEN") else token_file
+    err.print(f"catalog at {catalog.url} (token in {where})")
+    return catalog
+
+
+@app.command()
+def subscribe(
+    url: Annotated[str, typer.Argument(metavar="URL", help="The job's catalog, tokenflow://HOST:PORT.")],
+    topic: Annotated[str, typer.Argument(metavar="TOPIC", help="A published topic.")],
+    token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
+    start: Annotated[str, typer.Option(
+        "--start", help="latent: from the first epoch no publisher had begun (whole epochs "
+                        "only); earliest: from the oldest epoch the publishers still hold.")
+    ] = "latent",
+    output: Annotated[Path | None, typer.Option(
+        help="Write each epoch as DIR/epoch=<t>/part-0.parquet (written whole, then renamed).")
+    ] = None,
+    limit: Annotated[int | None, typer.Option("--limit", min=1, help="Stop after N epochs.")] = None,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0, help="Seconds to wait for the token file and for the topic to "
+                                 "appear in the catalog.")] = 30.0,
+) -> None:
+    """Subscribe to TOPIC of a running job: print each complete epoch (or write it as Parquet)
+    until the stream ends, Ctrl-C or --limit."""
+    import pyarrow.parquet as pq
+
+    from tokenflow.pubsub import AuthenticationError, ProtocolError, Subscription
+
+    out = Console(highlight=False, soft_wrap=True)
+    deadline = time.monotonic() + timeout
+    token = read_token(token_file)
+    while token is None and time.monotonic() < deadline:  # a job starting now writes it
+        time.sleep(0.1)
+        token = read_token(token_file)
+    if token is None:
+        _fail(f"no token: set TOKENFLOW_TOKEN or give --token-file (no file {token_file} "
+              f"after {timeout:g} s)", 2)
+    if start not in ("latent", "earliest"):
+        _fail(f"--start must be latent or earliest, not {start!r}", 2)
+    epochs = rows = 0
+    try:
+        with Subscription(url, topic, token, start=start, timeout=timeout) as sub:
+            out.print(f"subscribed to {topic!r} at {url}: {sub.partitions} partitions, "
+                      f"{sub.time_type or 'not yet known'} times, columns "
+                      f"{', '.join(f'{n}: {t}' for n, t in sub.schema or []) or 'not known yet'}")
+            for epoch in sub:
+                epochs += 1
+                rows += epoch.batch.num_rows
+                if output is not None:
+                    directory = output / f"epoch={epoch.time}"
+                    directory.mkdir(parents=True, exist_ok=True)
+                    partial = directory / ".part-0.parquet.tmp"
+                    pq.write_table(pa_table(epoch.batch), partial)
+                    os.replace(partial, directory / "part-0.parquet")
+                first = epoch.batch.slice(0, 1).to_pylist()
+                out.print(f"epoch {epoch.time}: {epoch.batch.num_rows:,} rows"
+                          + (f", first {first[0]}" if first else ""))
+                if limit is not None and epochs >= limit:
+                    break
+    except KeyboardInterrupt:
+        pass
+    except (AuthenticationError, ProtocolError, LookupError, OSError, ValueError) as exc:
+        _fail(f"{type(exc).__name__}: {exc}", 1)
+    out.print(f"{epochs:,} epochs, {rows:,} rows" + (f" written under {output}" if output else ""))
+
+
+def pa_table(batch: Any) -> Any:
+    """A one-batch Arrow table."""
+    import pyarrow as pa
+
+    return pa.Table.from_batches([batch])
+
+
+def _demo_pubsub(out: Console, err: Console, workers: int, master: str, events: int, rate: int,
+                 output: Path, endpoint: tuple[str, int, str], coordinator: Coordinator,
+                 quiet: bool) -> Any:
+    """The demo's publish/subscribe part: ``PUBSUB_QUERY`` runs on Spark and publishes its
+    output; a second job (thread runtime, in this process) subscribes with
+    ``Scope.subscribe`` and a ``tokenflow subscribe`` process writes what it receives as
+    Parquet; both must equal the query's own output, epoch by epoch."""
+    import subprocess
+
+    import pyarrow.parquet as pq
+
+    from tokenflow.nexmark.run import run_query
+    from tokenflow.pubsub import Catalog
+
+    directory = output / f"{PUBSUB_QUERY}-subscribed"
+    if directory.exists():
+        import shutil
+
+        shutil.rmtree(directory)
+    with Catalog() as catalog:
+        received: list[tuple[Any, ...]] = []
+        epochs: set[int] = set()
+
+        def second_job(worker: Any) -> None:
+            def build(scope: Any) -> Any:
+                stream = scope.subscribe(catalog.url, PUBSUB_QUERY, catalog.token, start="earliest",
+                                         timeout=120)
+                return stream.capture()
+
+            capture = worker.dataflow(build)
+            worker.step_until_done()
+            for t, records in capture.by_time().items():
+                epochs.add(t)
+                received.extend(tuple(r.values()) for r in records)
+
+        reader = threading.Thread(target=execute, args=(second_job,), daemon=True,
+                                  kwargs={"workers": 1, "runtime": "thread"})
+        reader.start()
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "tokenflow", "subscribe", catalog.url, PUBSUB_QUERY, "--start",
+             "earliest", "--output", str(directory), "--timeout", "120"],
+            env={**os.environ, "TOKENFLOW_TOKEN": catalog.token}, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True)
+        outcome = _live(lambda: run_query(PUBSUB_QUERY, events, rate=rate, workers=workers,
+                                          runtime="spark", master=master, report_to=endpoint,
+                                          publish=PUBSUB_QUERY, catalog=catalog.endpoint),
+                        workers, "spark", coordinator, err, quiet)
+        result = _raise_outcome(outcome)
+        reader.join(60)
+        cli_out, _ = cli.communicate(timeout=60)
+    _print_query(out, result, f"at {rate:,}/s of event time", lag=4)
+    expected = sorted(result.rows.itertuples(index=False, name=None))
+    parts = sorted(directory.glob("epoch=*/part-0.parquet"))
+    written = [tuple(r.values()) for p in parts for r in pq.read_table(p).to_pylist()]
+    for who, got, n in (("second job (Scope.subscribe)", received, len(epochs)),
+                        ("tokenflow subscribe", written, len(parts))):
+        same = sorted(got) == expected
+        out.print(f"{who}: {n} epochs, {len(got):,} rows — "
+                  + ("[green]the same rows as the query's output[/]" if same else "[red]DIFFERENT[/]"))
+        if not same:
+            _fail(f"{who} received {len(got)} rows in {n} epochs, not the query's {len(expected)}"
+                  f"\n{cli_out[-2000:]}", 1)
+    out.print(f"the subscriber's epochs as Parquet: {directory}")
+    return result
 
 
 def _fail(message: str, code: int) -> NoReturn:

@@ -231,3 +231,22 @@ def test_second_job_subscribes_as_a_source() -> None:
         execute(publishing_job(0.01), workers=2, runtime="thread", catalog=catalog.endpoint)
         thread.join(30)
     assert got == truth
+
+
+def test_published_nexmark_query_equals_its_output() -> None:
+    from tokenflow.nexmark.run import run_query
+
+    got: list[Any] = []
+    with Catalog() as catalog:
+        def reader() -> None:
+            with Subscription(catalog.url, "q5", catalog.token, start="earliest") as sub:
+                got.extend(sub.epochs())
+
+        thread = threading.Thread(target=reader)
+        thread.start()
+        result = run_query("q5", 60_000, workers=2, runtime="thread", publish="q5",
+                           catalog=catalog.endpoint)
+        thread.join(30)
+    rows = sorted(tuple(r.values()) for e in got for r in e.batch.to_pylist())
+    assert rows == sorted(result.rows.itertuples(index=False, name=None))
+    assert len(rows) > 0 and len({e.time for e in got}) == len(got)

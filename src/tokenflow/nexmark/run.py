@@ -134,7 +134,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               report_to: tuple[str, int, str] | None = None,
               input: str | os.PathLike[str] | None = None, routing: str = "bins",
               checkpoint: str | os.PathLike[str] | None = None, checkpoint_interval: float = 1.0,
-              resume: bool = False) -> QueryResult:
+              resume: bool = False, publish: str | None = None,
+              catalog: tuple[str, int, str] | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -170,13 +171,17 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             committed dataset is the same as a failure-free run's).
         resume: continue the job from the latest checkpoint under ``checkpoint`` (after the
             driver died); without it that directory must hold no checkpoint.
+        publish: a topic: the query output is published under it (``tokenflow.pubsub``; one
+            partition per worker, columns ``COLUMNS``, epochs of ``granularity_ms``) in the
+            catalog ``catalog`` (``(host, port, token)``, e.g. ``Catalog().endpoint``).
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
 
     Raises:
         ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
-            ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, or ``master`` without spark.
+            ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, ``master`` without spark, or
+            ``publish`` without ``catalog``.
         InputError: ``input`` is missing, not Parquet, lacks a column or has a null
             ``dateTime`` (naming the path, column and row).
         WorkerError: a worker failed.
@@ -193,6 +198,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         raise ValueError("master applies to runtime 'spark' only")
     if routing not in ("bins", "direct"):
         raise ValueError(f"routing must be 'bins' or 'direct', got {routing!r}")
+    if publish is not None and catalog is None:
+        raise ValueError(f"publishing {name} as {publish!r} needs a catalog (catalog=Catalog().endpoint)")
     config = GeneratorConfig(rate=rate)
     source = None
     if input is not None:
@@ -238,6 +245,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             if directory is not None:
                 to_parquet(out, directory, columns=columns, name=f"{name}.Parquet",
                            granularity=granularity_ms, partition="epoch")
+            if publish is not None:
+                out.publish(publish, columns=columns)
             return handles, out.probe(f"{name}.Probe"), collect(out, f"{name}.Collect")
 
         handles, probe, captured = worker.dataflow(build, name=f"nexmark-{name}")
@@ -286,6 +295,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         options["master"] = master
     if report_to is not None:
         options["report_to"] = report_to
+    if catalog is not None:
+        options["catalog"] = catalog
     checkpoints: list[Any] = []
     failures = 0
     if checkpoint is None:

@@ -5,7 +5,7 @@
 * ``Subscription``: a plain client, an iterator of whole epochs ``(time, RecordBatch)``.
 * ``Scope.subscribe(url, topic)`` / ``subscribe_source``: another job's topic as a source.
 
-See docs/ARCHITECTURE.md ("Publish/subscribe") and docs/PUBSUB.md.
+See docs/ARCHITECTURE.md ("Publish/subscribe") and docs/SECURITY.md ("Publish/subscribe endpoints").
 """
 
 from tokenflow.pubsub.catalog import Catalog, lookup
