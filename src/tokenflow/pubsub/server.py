@@ -3,7 +3,8 @@ connection to a handler, and refuse anything malformed with one log line.
 
 Hardening (these endpoints face the network): at most ``MAX_CONNECTIONS`` connections are
 served at once (more are closed at once, logged); a connection has ``wire.HELLO_TIMEOUT``
-seconds to authenticate; a ``ProtocolError`` or a wrong token ends the connection with a
+seconds in all to send its first (authenticating) frame, however slowly it trickles in, else
+it is closed (a DEBUG line); a ``ProtocolError`` or a wrong token ends the connection with a
 ``REFUSED`` frame, one WARNING line on the ``tokenflow.pubsub`` logger and a count in
 ``refused``; nothing a peer sends is unpickled.
 """
@@ -14,6 +15,7 @@ import logging
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -94,6 +96,7 @@ class Endpoint:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             nonce = secrets.token_bytes(wire.NONCE_SIZE)
             wire.send(sock, wire.HELLO, {"v": wire.VERSION, "nonce": nonce, **self._hello})
+            wire.set_deadline(time.monotonic() + wire.HELLO_TIMEOUT)  # for the first frame
             self._handler(sock, nonce, peer)
         except wire.ProtocolError as exc:
             self.refuse(peer, str(exc), sock)
@@ -103,6 +106,7 @@ class Endpoint:
         except Exception as exc:  # noqa: BLE001 - a bad peer must never end the endpoint
             self.refuse(peer, f"{type(exc).__name__}: {exc}", sock)
         finally:
+            wire.set_deadline(None)
             with self._lock:
                 self._connections.discard(sock)
             sock.close()

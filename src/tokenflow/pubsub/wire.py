@@ -33,6 +33,8 @@ import os
 import secrets
 import socket
 import struct
+import threading
+import time as clock
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,7 +55,8 @@ MAX_ANTICHAIN = 4096
 """Most elements of an antichain on the wire."""
 NONCE_SIZE = 16
 HELLO_TIMEOUT = 10.0
-"""Seconds a connection has to authenticate."""
+"""Seconds a connection has to authenticate: its first frame must be whole by then, however
+slowly it trickles in (``set_deadline``)."""
 
 HEADER = struct.Struct("!BII")
 
@@ -215,13 +218,31 @@ def send(sock: socket.socket, kind: int, meta: dict[str, Any], body: bytes = b""
     sock.sendall(frame(kind, meta, body))
 
 
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+_DEADLINE = threading.local()
+
+
+def set_deadline(when: float | None) -> None:
+    """The next frame this thread receives must be whole by ``when`` (a ``time.monotonic()``
+    instant; None: no deadline), else ``receive`` raises ``TimeoutError``.  A socket timeout
+    bounds each ``recv`` only, so a peer sending a byte now and then would otherwise hold the
+    connection for ever; a server sets this before a peer's first frame.  ``receive`` clears
+    it (the deadline covers one frame)."""
+    _DEADLINE.when = when
+
+
+def _recv_exactly(sock: socket.socket, n: int, deadline: float | None = None,
+                  timeout: float | None = None) -> bytes:
     if n == 0:
         return b""
     buf = bytearray(n)
     view = memoryview(buf)
     got = 0
     while got < n:
+        if deadline is not None:
+            left = deadline - clock.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"frame not whole in time ({got} of {n} bytes)")
+            sock.settimeout(left if timeout is None else min(left, timeout))
         k = sock.recv_into(view[got:], n - got)
         if k == 0:
             raise ConnectionError(f"connection closed after {got} of {n} bytes")
@@ -231,14 +252,28 @@ def _recv_exactly(sock: socket.socket, n: int) -> bytes:
 
 def receive(sock: socket.socket, expected: Iterable[int],
             max_body: int = 0) -> tuple[int, dict[str, Any], bytes]:
-    """Read one frame of a kind in ``expected``: ``(kind, meta, body)``.
+    """Read one frame of a kind in ``expected``: ``(kind, meta, body)`` (by the thread's
+    deadline, if ``set_deadline`` set one).
 
     Raises:
         ProtocolError: an unexpected kind, a length over ``MAX_META`` / ``max_body``, or
             metadata that is not a msgpack map with string keys.
         ConnectionError / OSError / TimeoutError: the connection ended or timed out.
     """
-    kind, meta_len, body_len = HEADER.unpack(_recv_exactly(sock, HEADER.size))
+    deadline = getattr(_DEADLINE, "when", None)
+    if deadline is None:
+        return _receive(sock, expected, max_body, None, None)
+    timeout = sock.gettimeout()
+    try:
+        return _receive(sock, expected, max_body, deadline, timeout)
+    finally:
+        _DEADLINE.when = None
+        sock.settimeout(timeout)
+
+
+def _receive(sock: socket.socket, expected: Iterable[int], max_body: int, deadline: float | None,
+             timeout: float | None) -> tuple[int, dict[str, Any], bytes]:
+    kind, meta_len, body_len = HEADER.unpack(_recv_exactly(sock, HEADER.size, deadline, timeout))
     allowed = set(expected)
     if kind not in allowed:
         names = "/".join(KINDS.get(k, str(k)) for k in sorted(allowed))
@@ -247,8 +282,8 @@ def receive(sock: socket.socket, expected: Iterable[int],
         raise ProtocolError(f"{KINDS[kind]} metadata of {meta_len} bytes exceeds {MAX_META}")
     if body_len > max_body:
         raise ProtocolError(f"{KINDS[kind]} body of {body_len} bytes exceeds {max_body}")
-    meta = unpack_meta(_recv_exactly(sock, meta_len), KINDS[kind])
-    return kind, meta, _recv_exactly(sock, body_len)
+    meta = unpack_meta(_recv_exactly(sock, meta_len, deadline, timeout), KINDS[kind])
+    return kind, meta, _recv_exactly(sock, body_len, deadline, timeout)
 
 
 def unpack_meta(data: bytes, what: str) -> dict[str, Any]:
