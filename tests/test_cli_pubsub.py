@@ -7,8 +7,10 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pyarrow.parquet as pq
 
@@ -16,7 +18,26 @@ from tokenflow import execute
 from tokenflow.pubsub import Catalog
 
 sys.path.insert(0, str(Path(__file__).parent / "pubsub"))
-from test_pubsub import expected, publishing_job  # noqa: E402
+from test_pubsub import EPOCHS, expected, rows  # noqa: E402
+
+
+def job_waiting_for_a_subscriber(worker: Any) -> None:
+    """Publishes ``rows`` once a subscriber is connected to this worker's partition (the CLI
+    process may start slowly on a busy machine)."""
+    def build(scope: Any) -> Any:
+        inp, stream = scope.new_input()
+        return inp, stream.publish("rows", linger=10.0)
+
+    inp, publisher = worker.dataflow(build)
+    deadline = time.monotonic() + 120
+    while not publisher.log.subscribers and time.monotonic() < deadline:
+        worker.step_or_park(0.01)
+    for e in range(EPOCHS):
+        for r in rows(worker.index, e):
+            inp.send(r)
+        inp.advance_to(e + 1)
+        worker.step()
+    inp.close()
 
 
 def subscribe_cli(url: str, token: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -27,7 +48,7 @@ def subscribe_cli(url: str, token: str, *args: str) -> subprocess.CompletedProce
 
 def test_subscribe_writes_whole_epochs_as_parquet(tmp_path: Path) -> None:
     with Catalog() as catalog:
-        job = threading.Thread(target=execute, args=(publishing_job(0.05),),
+        job = threading.Thread(target=execute, args=(job_waiting_for_a_subscriber,),
                                kwargs={"workers": 2, "runtime": "thread", "catalog": catalog.endpoint})
         job.start()
         done = subscribe_cli(catalog.url, catalog.token, "--start", "earliest", "--output",

@@ -11,8 +11,8 @@ See docs/ARCHITECTURE.md ("Publish/subscribe") and docs/SECURITY.md ("Publish/su
 from tokenflow.pubsub.catalog import Catalog, lookup
 from tokenflow.pubsub.publisher import Publisher, publish
 from tokenflow.pubsub.source import subscribe as subscribe_source
-from tokenflow.pubsub.subscriber import Epoch, Subscription, subscribe
+from tokenflow.pubsub.subscriber import Epoch, Snapshot, Subscription, subscribe
 from tokenflow.pubsub.wire import AuthenticationError, ProtocolError, new_token
 
-__all__ = ["AuthenticationError", "Catalog", "Epoch", "ProtocolError", "Publisher", "Subscription",
-           "lookup", "new_token", "publish", "subscribe", "subscribe_source"]
+__all__ = ["AuthenticationError", "Catalog", "Epoch", "ProtocolError", "Publisher", "Snapshot",
+           "Subscription", "lookup", "new_token", "publish", "subscribe", "subscribe_source"]

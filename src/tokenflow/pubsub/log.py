@@ -26,13 +26,17 @@ subscriber is between the two steps.
 from __future__ import annotations
 
 import collections
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tokenflow.pubsub import wire
+from tokenflow.pubsub.compaction import KeyedCompaction, as_batch
 from tokenflow.pubsub.frontiers import EpochFilter, UpperFrontier, passed
+
+log = logging.getLogger("tokenflow.pubsub")
 
 DEFAULT_RETAIN = 64 * 1024 * 1024
 """Bytes of complete epochs a partition keeps for late joiners and reconnects."""
@@ -109,6 +113,16 @@ class Subscriber:
             self._cond.notify()
         self._on_overflow(self)
 
+    def fail(self, reason: str) -> None:
+        """Refuse this subscriber: drop what is queued, send a REFUSED frame and close."""
+        with self._cond:
+            self._queue.clear()
+            self._pending = []
+            self._bytes = 0
+            self._queue.append(wire.frame(wire.REFUSED, {"reason": reason[:500]}))
+            self.closed = True
+            self._cond.notify()
+
     def take(self, timeout: float) -> list[bytes] | None:
         """Every queued frame (waiting up to ``timeout`` s for one); None once closed."""
         with self._cond:
@@ -140,10 +154,14 @@ class PartitionLog:
         max_queue: bytes queued for one subscriber before it is disconnected.
         on_overflow: called with a subscriber that was disconnected (under the log's lock:
             it must not call back into the log).
+        compaction: fold the frames let go into the latest row per key, so subscribers can
+            join with a snapshot (``tokenflow.pubsub.compaction``); None: no snapshots.
     """
 
     def __init__(self, retain_bytes: int = DEFAULT_RETAIN, max_queue: int = DEFAULT_MAX_QUEUE,
-                 on_overflow: Callable[[Subscriber], None] | None = None) -> None:
+                 on_overflow: Callable[[Subscriber], None] | None = None,
+                 compaction: KeyedCompaction | None = None) -> None:
+        self.compaction = compaction
         self.retain_bytes = retain_bytes
         self.max_queue = max_queue
         self._on_overflow = on_overflow or (lambda s: None)
@@ -158,6 +176,8 @@ class PartitionLog:
         self._joining = 0
         self.frames = 0
         self.closed = False
+        self.time_kind: str | None = None
+        """``"int"`` or ``"product"`` once a time was seen (``wire.time_kind``)."""
 
     # -- the worker's side ----------------------------------------------------------------
 
@@ -169,10 +189,12 @@ class PartitionLog:
             self._seq += 1
             self._retained_bytes += len(frame)
             self.frames += 1
+            if self.time_kind is None:
+                self.time_kind = wire.time_kind(time)
             for s in self._subscribers:
                 if s.filter is None:
                     s._hold(time, frame)
-                elif s.filter.passes(time):
+                elif self._passes(s, time):
                     s._put(frame)
             self._prune()
 
@@ -186,24 +208,48 @@ class PartitionLog:
                       [[wire.encode_time(t), 1] for t in frontier if t not in old]
             self.lower = list(frontier)
             frame = wire.frame(wire.LOWER, {"updates": updates})
+            if self.time_kind is None and frontier:
+                self.time_kind = wire.time_kind(frontier[0])
             for s in self._subscribers:
                 if s.filter is None:
                     s._hold(None, frame)
                 else:
-                    s.filter.relax(frontier)
+                    try:
+                        s.filter.relax(frontier)
+                    except (TypeError, AttributeError) as exc:
+                        self._refuse(s, frontier, exc)
                     s._put(frame)
             self._prune()
+
+    def _passes(self, sub: Subscriber, time: Any) -> bool:
+        assert sub.filter is not None
+        try:
+            return sub.filter.passes(time)
+        except (TypeError, AttributeError) as exc:  # a filter of another time type
+            self._refuse(sub, time, exc)
+            return False
+
+    def _refuse(self, sub: Subscriber, time: Any, exc: Exception) -> None:
+        """A subscriber whose filter does not compare with the stream's times is refused;
+        the job goes on."""
+        reason = f"its filter does not compare with the stream's time {time!r} ({exc})"
+        log.warning("publish/subscribe: refused subscriber %s: %s", sub.name, reason)
+        sub.fail(reason)
 
     def _prune(self) -> None:
         if self._joining:
             return
         lower = self.lower
         retained = self._retained
+        let_go = []
         while retained and self._retained_bytes > self.retain_bytes and lower is not None \
                 and passed(lower, retained[0][1]):
             _, time, frame = retained.popleft()
             self._retained_bytes -= len(frame)
             self.dropped.insert(time)
+            let_go.append(frame)
+        if let_go and self.compaction is not None:
+            self.compaction.fold(let_go)
 
     # -- a subscriber's side ---------------------------------------------------------------
 
@@ -219,17 +265,29 @@ class PartitionLog:
                             list(self.dropped.elements), lower is not None)
             return snap, sub, self._seq
 
-    def start(self, sub: Subscriber, mark: int, filt: EpochFilter) -> None:
+    def start(self, sub: Subscriber, mark: int, filt: EpochFilter,
+              snapshot_at: list[Any] | None = None) -> None:
         """Set ``sub``'s filter: queue the retained frames before ``mark`` that pass it, a
-        replay-end LOWER frame, then the frames held since the snapshot.
+        replay-end LOWER frame, then the frames held since the snapshot.  With
+        ``snapshot_at`` (a frontier every partition has passed; ``filt.since`` should be it),
+        first a DATA frame ``{"snapshot": snapshot_at}`` holding the latest row per key of
+        every epoch it passed.
 
         Raises:
             ResumeRefused: the filter passes an epoch this partition let go (a resume position
-                or a join filter older than what retention holds).
+                or a join filter older than what retention holds), or a snapshot was asked of
+                a stream published without a key, or as of epochs already folded.
         """
         with self._lock:
             self._joining -= 1
             try:
+                kinds = {wire.time_kind(t) for t in [*filt.drop_upto, *(filt.since or []),
+                                                      *(snapshot_at or [])]}
+                if self.time_kind is not None and kinds - {self.time_kind}:
+                    raise ResumeRefused(f"the filter has {'/'.join(sorted(kinds))} times, the "
+                                        f"stream {self.time_kind} times")
+                if snapshot_at is not None:
+                    sub._put(self._snapshot_frame(mark, snapshot_at), counted=False)
                 # An epoch t <= d passing the filter implies d passes it: checking the
                 # maximal let-go epochs is exact.
                 lost = [d for d in self.dropped.elements if filt.passes(d)]
@@ -255,6 +313,19 @@ class PartitionLog:
                 raise
             finally:
                 self._prune()
+
+    def _snapshot_frame(self, mark: int, at: list[Any]) -> bytes:
+        if self.compaction is None:
+            raise ResumeRefused("this topic is published without a key, so it has no snapshot "
+                                "(publish(topic, key=[...]))")
+        folded_late = [d for d in self.dropped.elements if not passed(at, d)]
+        if folded_late:
+            raise ResumeRefused(f"a snapshot as of {at} is gone: epochs {folded_late} after it "
+                                f"were already folded (retention {self.retain_bytes} bytes)")
+        table = self.compaction.snapshot(f for seq, time, f in self._retained
+                                         if seq < mark and passed(at, time))
+        body = b"" if table is None else wire.encode_batch(as_batch(table))
+        return wire.frame(wire.DATA, {"snapshot": wire.encode_antichain(at)}, body)
 
     def leave(self, sub: Subscriber) -> None:
         with self._lock:

@@ -32,6 +32,7 @@ import pyarrow as pa
 
 from tokenflow.pubsub import wire
 from tokenflow.pubsub.catalog import request
+from tokenflow.pubsub.compaction import KeyedCompaction
 from tokenflow.pubsub.frontiers import EpochFilter
 from tokenflow.pubsub.log import DEFAULT_MAX_QUEUE, DEFAULT_RETAIN, PartitionLog, ResumeRefused, Subscriber
 from tokenflow.pubsub.server import Endpoint
@@ -53,16 +54,19 @@ class Publisher:
         token: what subscribers must hold.
         host, port: where to listen.
         retain_bytes, max_queue: see ``PartitionLog``.
+        key: key columns of an upsert stream: subscribers may then join with a snapshot of
+            the latest row per key (``tokenflow.pubsub.compaction``).
     """
 
     def __init__(self, topic: str, partition: int, partitions: int, token: str,
                  host: str = "127.0.0.1", port: int = 0, retain_bytes: int = DEFAULT_RETAIN,
-                 max_queue: int = DEFAULT_MAX_QUEUE) -> None:
+                 max_queue: int = DEFAULT_MAX_QUEUE, key: list[str] | None = None) -> None:
         self.topic = topic
         self.partition = partition
         self.time_type: str | None = None
         self._token = token
-        self.log = PartitionLog(retain_bytes, max_queue, self._overflow)
+        self.log = PartitionLog(retain_bytes, max_queue, self._overflow,
+                                KeyedCompaction(key) if key else None)
         self.disconnected = 0
         """Subscribers disconnected for being too slow."""
         self.endpoint = Endpoint(f"publisher {topic}/{partition}",
@@ -91,11 +95,11 @@ class Publisher:
                 "dropped": wire.encode_antichain(snap.dropped),
                 "known": snap.known})
             _, request_, _ = wire.receive(sock, (wire.FILTER,))
-            since = request_.get("since")
+            since, at = request_.get("since"), request_.get("snapshot_at")
             filt = EpochFilter(wire.decode_antichain(request_.get("drop_upto", [])),
                                None if since is None else wire.decode_antichain(since))
             try:
-                self.log.start(sub, mark, filt)
+                self.log.start(sub, mark, filt, None if at is None else wire.decode_antichain(at))
             except ResumeRefused as exc:
                 raise wire.ProtocolError(f"cannot resume: {exc}") from None
             sock.settimeout(10.0)
@@ -161,7 +165,8 @@ def _record_batches(batch: Any, columns: list[str] | None) -> list[pa.RecordBatc
 def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
             catalog: tuple[str, int, str] | None = None, host: str | None = None,
             retain_bytes: int = DEFAULT_RETAIN, max_queue: int = DEFAULT_MAX_QUEUE,
-            linger: float = LINGER, name: str | None = None) -> Publisher:
+            linger: float = LINGER, key: list[str] | None = None,
+            name: str | None = None) -> Publisher:
     """Publish ``stream`` as ``topic``: this worker serves its partition (partition = worker
     index of ``peers``) and registers it in the job's catalog.
 
@@ -177,6 +182,9 @@ def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
         retain_bytes: bytes of complete epochs kept for late joiners and reconnects.
         max_queue: bytes queued for one subscriber before it is disconnected as too slow.
         linger: seconds the finished stream's publisher waits for subscribers to drain.
+        key: the key columns of an upsert stream (each row replaces the key's earlier row):
+            subscribers may then join with ``start="snapshot"``, receiving the latest row per
+            key as of the frontier every partition has passed, then every later epoch.
 
     Returns:
         This worker's ``Publisher`` (``address``, ``disconnected``, ``log.frames``).
@@ -199,7 +207,7 @@ def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
     loopback = cat_host in ("127.0.0.1", "localhost", "::1")
     publisher = Publisher(topic, index, peers, token,
                           host or ("127.0.0.1" if loopback else "0.0.0.0"),
-                          retain_bytes=retain_bytes, max_queue=max_queue)
+                          retain_bytes=retain_bytes, max_queue=max_queue, key=key)
     schema: list[pa.Schema] = []
 
     def register(time_type: str | None, fields: list[list[str]] | None) -> None:

@@ -6,7 +6,8 @@ worker (``worker=0`` by default) holds the subscription: it emits every complete
 epoch's own time, as Arrow record batches, and downgrades its token to the subscription's lower
 frontier after each, so downstream operators see the publisher's frontier.  The other workers
 drop their token at once; exchange the stream to spread it.  Integer times only (a dataflow's
-root scope counts epochs with ``int``).
+root scope counts epochs with ``int``).  With ``start="snapshot"`` the snapshot's rows come
+first, at the source's first time (0), then the epochs after it.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import queue
 import threading
 from typing import TYPE_CHECKING, Any
 
-from tokenflow.pubsub.subscriber import Subscription
+from tokenflow.pubsub.subscriber import Snapshot, Subscription
 
 if TYPE_CHECKING:
     from tokenflow.dataflow.scope import Scope
@@ -48,8 +49,12 @@ def subscribe(scope: Scope, url: str, topic: str, token: str | None = None, *,
         def run() -> None:
             try:
                 with Subscription(url, topic, token, start=start, since=since, **options) as sub:
-                    for epoch in sub:
-                        events.put(("epoch", epoch.time, epoch.batch, sub.position))
+                    for item in sub:
+                        if isinstance(item, Snapshot):
+                            if item.batch is not None:
+                                events.put(("snapshot", None, item.batch, None))
+                        else:
+                            events.put(("epoch", item.time, item.batch, sub.position))
                         info.activate()
                 events.put(("done",))
             except BaseException as exc:  # noqa: BLE001 - handed to the worker's step
@@ -71,7 +76,10 @@ def subscribe(scope: Scope, url: str, topic: str, token: str | None = None, *,
                 if event[0] == "done":
                     held.pop().drop()
                     return
-                _, time, batch, position = event
+                kind, time, batch, position = event
+                if kind == "snapshot":  # before every epoch: at the token's (earliest) time
+                    output.give_batch(held[0], batch)
+                    continue
                 if time.__class__ is not int:
                     raise RuntimeError(f"{op}: topic {topic!r} has {type(time).__name__} times "
                                        f"({time!r}); a dataflow source needs int times")

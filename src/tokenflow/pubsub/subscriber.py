@@ -52,6 +52,21 @@ def concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.Table.from_batches(batches).combine_chunks().to_batches()[0]  # pragma: no cover
 
 
+class Snapshot(NamedTuple):
+    """The first item of a ``start="snapshot"`` subscription: the latest row per key of every
+    epoch not ``≥`` an element of ``as_of`` (``None``, with ``batch`` None, when no epoch was
+    complete yet); the epochs after it follow as ``Epoch``s."""
+
+    as_of: list[Any] | None
+    batch: pa.RecordBatch | None
+
+    def to_pandas(self) -> Any:
+        """The snapshot's rows as a ``pandas.DataFrame`` (empty when there are none)."""
+        import pandas as pd
+
+        return pd.DataFrame() if self.batch is None else self.batch.to_pandas()
+
+
 class _Lost(NamedTuple):
     partition: int
     generation: int
@@ -66,8 +81,11 @@ class Subscription:
         url: the catalog, ``tokenflow://host:port``.
         topic: a published topic.
         token: the job's token (default ``$TOKENFLOW_TOKEN``).
-        start: ``"latent"`` (the seed: the first epoch no partition had begun when joining) or
-            ``"earliest"`` (the oldest complete epochs the publishers still retain).
+        start: ``"latent"`` (the seed: the first epoch no partition had begun when joining),
+            ``"earliest"`` (the oldest complete epochs the publishers still retain) or
+            ``"snapshot"`` (for a topic published with ``key=``: first a ``Snapshot``, the
+            latest row per key as of the frontier all partitions have passed, then every
+            later epoch).
         since: resume at this antichain (a ``position`` of an earlier subscription): every
             epoch ``≥`` an element of it, exactly once.
         max_body: largest Arrow body accepted (bytes).
@@ -85,8 +103,8 @@ class Subscription:
     def __init__(self, url: str, topic: str, token: str | None = None, *, start: str = "latent",
                  since: list[Any] | None = None, max_body: int = wire.MAX_BODY,
                  timeout: float = 30.0, buffer: int = 256) -> None:
-        if start not in ("latent", "earliest"):
-            raise ValueError(f"start must be 'latent' or 'earliest', not {start!r}")
+        if start not in ("latent", "earliest", "snapshot"):
+            raise ValueError(f"start must be 'latent', 'earliest' or 'snapshot', not {start!r}")
         self.url, self.topic = url, topic
         self._token = wire.token_from(token)
         self._timeout = timeout
@@ -105,14 +123,23 @@ class Subscription:
         self._stuck: tuple[Any, int] = (None, 0)  # (position, reconnects at it)
         self._yielding: list[Any] | None = None
         snapshots = [self._connect(p) for p in range(len(self._partitions))]
+        self._snapshot: dict[int, Any] | None = None  # partition -> its part, while pending
+        self._as_of: list[Any] | None = None
+        at = None
         if since is not None:
             filt = EpochFilter([], list(since))
-        else:
+        elif start == "snapshot" and all(s["known"] for s in snapshots):
+            at = self._as_of = minimal(t for s in snapshots for t in s["lower"])
+            filt = EpochFilter([], list(at))
+            self._snapshot = {}
+        else:  # a snapshot of nothing yet complete is empty: join at the earliest epoch
             key = "upper" if start == "latent" else "dropped"
             filt = EpochFilter(maximal(t for s in snapshots for t in s[key]))
+            if start == "snapshot":
+                self._snapshot = {p: None for p in range(len(snapshots))}
         self._assembler.filter = filt
         for p, snap in enumerate(snapshots):
-            self._start(p, snap, filt)
+            self._start(p, snap, filt, at)
 
     @property
     def partitions(self) -> int:
@@ -157,13 +184,15 @@ class Subscription:
         self._sockets[p] = sock
         return snap
 
-    def _start(self, p: int, snap: dict[str, Any], filt: EpochFilter) -> None:
+    def _start(self, p: int, snap: dict[str, Any], filt: EpochFilter,
+               snapshot_at: list[Any] | None = None) -> None:
         sock = self._sockets[p]
         assert sock is not None
         self._assembler.snapshot(p, snap["lower"], snap["known"])
         wire.send(sock, wire.FILTER, {
             "drop_upto": wire.encode_antichain(filt.drop_upto),
-            "since": None if filt.since is None else wire.encode_antichain(filt.since)})
+            "since": None if filt.since is None else wire.encode_antichain(filt.since),
+            "snapshot_at": None if snapshot_at is None else wire.encode_antichain(snapshot_at)})
         sock.settimeout(None)
         generation = self._generation[p]
         threading.Thread(target=self._read, args=(p, sock, generation), daemon=True,
@@ -174,9 +203,11 @@ class Subscription:
             while True:
                 kind, meta, body = wire.receive(sock, (wire.DATA, wire.LOWER, wire.BYE, wire.REFUSED),
                                                 self._max_body)
-                if kind == wire.DATA:
-                    event: Any = (p, generation, wire.decode_time(meta.get("time")),
-                                  wire.decode_batch(body))
+                if kind == wire.DATA and "snapshot" in meta:
+                    event: Any = (p, generation, "snapshot", wire.decode_batch(body) if body else None)
+                elif kind == wire.DATA:
+                    event = (p, generation, wire.decode_time(meta.get("time")),
+                             wire.decode_batch(body))
                 elif kind == wire.LOWER:
                     updates = meta.get("updates")
                     if not isinstance(updates, list):
@@ -195,6 +226,10 @@ class Subscription:
 
     def _reconnect(self, lost: _Lost) -> None:
         p = lost.partition
+        if self._snapshot is not None and p not in self._snapshot:
+            self.close()
+            raise ConnectionError(f"partition {p} of {self.topic!r} was lost before it sent its "
+                                  f"part of the snapshot ({lost.reason}); subscribe again")
         old = self._sockets[p]
         if old is not None:
             old.close()
@@ -227,7 +262,7 @@ class Subscription:
 
     # -- iteration ---------------------------------------------------------------------------
 
-    def __iter__(self) -> Iterator[Epoch]:
+    def __iter__(self) -> Iterator[Epoch | Snapshot]:
         assembler = self._assembler
         while not assembler.finished:
             event = self._events.get()
@@ -242,18 +277,26 @@ class Subscription:
             p, generation = event[0], event[1]
             if generation != self._generation[p]:
                 continue  # from a connection given up
+            if isinstance(event[2], str):  # this partition's part of the snapshot
+                assert self._snapshot is not None
+                self._snapshot[p] = event[3]
+                continue
             if isinstance(event[3], pa.RecordBatch):
                 assembler.data(p, event[2], event[3])
                 continue
             ready = assembler.lower(p, event[2], event[3])
+            if self._snapshot is not None and assembler.position() is not None:
+                parts = [b for b in self._snapshot.values() if b is not None]
+                self._snapshot = None
+                yield Snapshot(self._as_of, concat(parts) if parts else None)
             for i, (time, batches) in enumerate(ready):
                 self._yielding = minimal([t for t, _ in ready[i + 1:]] + (assembler.last_position or []))
                 yield Epoch(time, concat(batches))
             self._yielding = None
         self.close()
 
-    def epochs(self, limit: int | None = None) -> list[Epoch]:
-        """The next ``limit`` epochs (all, until the stream ends, when None)."""
+    def epochs(self, limit: int | None = None) -> list[Epoch | Snapshot]:
+        """The next ``limit`` items (all, until the stream ends, when None)."""
         out = []
         for epoch in self:
             out.append(epoch)
