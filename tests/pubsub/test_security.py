@@ -885,10 +885,8 @@ def test_fuzzed_frames_while_publishing(caplog: pytest.LogCaptureFixture,
 
 
 @pytest.mark.xfail(strict=True, reason=(
-    "tokenflow.pubsub.log: as committed, the filter is stored unchecked and the worker's next "
-    "PartitionLog.data raises TypeError (the job fails); with the uncommitted PartitionLog._refuse, "
-    "the subscriber is refused again (another WARNING) by every frame until its connection thread "
-    "drops it, and Endpoint.refused does not count it"))
+    "tokenflow.pubsub.log: PartitionLog._refuse refuses the subscriber again (another WARNING) "
+    "on every frame until its connection thread drops it, and Endpoint.refused does not count it"))
 def test_a_mistyped_filter_never_reaches_the_worker(caplog: pytest.LogCaptureFixture) -> None:
     """A FILTER of Product times for an int topic, sent before the partition's first epoch
     (so nothing yet tells the publisher its time type, and there is nothing to replay): the
