@@ -231,6 +231,7 @@ class Worker:
         Raises:
             WorkerAborted: when another worker of the job failed.
         """
+        self.allocator.flush()  # what worker code sent since the last step goes out first
         paths = self._channel_paths
         for identifier in self.allocator.receive():
             path = paths.get(identifier)
