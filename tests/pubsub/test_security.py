@@ -20,7 +20,7 @@
   workers (``pickle.loads``/``load``/``Unpickler``, ``cloudpickle.loads`` recorded).
 * A peer that trickles its first frame is cut after ``wire.HELLO_TIMEOUT`` in total.
 * An authenticated subscriber's mistyped ``FILTER`` sent before the first epoch is refused
-  once, without failing the job (xfail: a known bug of ``tokenflow.pubsub.log``).
+  once, without failing the job.
 """
 
 from __future__ import annotations
@@ -621,10 +621,10 @@ class Fuzzer:
 
     def filter_then_stray(self, t: Target, c: Client, rng: random.Random) -> tuple[bool, bytes]:
         """A well-formed FILTER that takes no epoch, then a stray frame: the publisher ends
-        the subscription without a refusal (a subscriber sends nothing after FILTER)."""
+        the subscription with a refusal (a subscriber sends nothing after FILTER)."""
         self.subscribe(t, c, rng)
         c.send(raw_frame(wire.FILTER, {"drop_upto": [], "since": [2**62]}))
-        return False, rng.randbytes(rng.randint(1, 100))
+        return True, rng.randbytes(rng.randint(1, 100))
 
     def run(self, t: Target, category: str, seed: int) -> Outcome:
         rng = random.Random(seed)
@@ -884,9 +884,6 @@ def test_fuzzed_frames_while_publishing(caplog: pytest.LogCaptureFixture,
           f"{dict(by_category)}")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "tokenflow.pubsub.log: PartitionLog._refuse refuses the subscriber again (another WARNING) "
-    "on every frame until its connection thread drops it, and Endpoint.refused does not count it"))
 def test_a_mistyped_filter_never_reaches_the_worker(caplog: pytest.LogCaptureFixture) -> None:
     """A FILTER of Product times for an int topic, sent before the partition's first epoch
     (so nothing yet tells the publisher its time type, and there is nothing to replay): the

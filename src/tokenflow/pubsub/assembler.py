@@ -89,6 +89,11 @@ class EpochAssembler:
                 counts.pop(time, None)
         return self._release()
 
+    def done(self, partition: int) -> bool:
+        """True once ``partition``'s frontier is counted and empty: it sent its whole stream."""
+        counts = self._lower[partition]
+        return counts is not None and not any(n > 0 for n in counts.values())
+
     def position(self) -> list[Any] | None:
         """The merged lower frontier (minimal antichain), or None while some partition's
         frontier is not counted yet."""

@@ -25,6 +25,8 @@ import time as clock
 from collections.abc import Callable
 from typing import Any
 
+import msgpack
+
 from tokenflow.pubsub import wire
 from tokenflow.pubsub.server import Endpoint
 
@@ -104,9 +106,16 @@ class Catalog:
                 entry["time"] = time_type
             if schema is not None:
                 entry["schema"] = schema
+            before = {**entry, "partitions": list(entry["partitions"])}
             entry["partitions"] = [p for p in entry["partitions"] if p["partition"] != partition]
             entry["partitions"].append({"partition": partition, "host": host, "port": port})
             entry["partitions"].sort(key=lambda p: p["partition"])
+            if len(msgpack.packb(self._topics, use_bin_type=True)) > wire.MAX_META - 1024:
+                self._topics[topic] = before  # the catalog must still fit in one reply
+                if not before["partitions"]:
+                    del self._topics[topic]
+                raise wire.ProtocolError(f"the catalog is full: registering {topic!r} would make "
+                                         f"its reply exceed {wire.MAX_META} bytes")
 
     def close(self) -> None:
         self._server.close()

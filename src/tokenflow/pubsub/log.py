@@ -71,6 +71,7 @@ class Subscriber:
         self.filter: EpochFilter | None = None  # None: between join() and start()
         self.overflowed = False
         self.closed = False
+        self.refusal: str | None = None
         self.sent_frames = 0
         self._max_queue = max_queue
         self._on_overflow = on_overflow
@@ -114,8 +115,10 @@ class Subscriber:
         self._on_overflow(self)
 
     def fail(self, reason: str) -> None:
-        """Refuse this subscriber: drop what is queued, send a REFUSED frame and close."""
+        """Refuse this subscriber: drop what is queued, send a REFUSED frame and close
+        (``refusal`` says why; the sending side logs it once)."""
         with self._cond:
+            self.refusal = reason
             self._queue.clear()
             self._pending = []
             self._bytes = 0
@@ -192,6 +195,8 @@ class PartitionLog:
             if self.time_kind is None:
                 self.time_kind = wire.time_kind(time)
             for s in self._subscribers:
+                if s.closed:
+                    continue
                 if s.filter is None:
                     s._hold(time, frame)
                 elif self._passes(s, time):
@@ -211,6 +216,8 @@ class PartitionLog:
             if self.time_kind is None and frontier:
                 self.time_kind = wire.time_kind(frontier[0])
             for s in self._subscribers:
+                if s.closed:
+                    continue
                 if s.filter is None:
                     s._hold(None, frame)
                 else:
@@ -218,6 +225,7 @@ class PartitionLog:
                         s.filter.relax(frontier)
                     except (TypeError, AttributeError) as exc:
                         self._refuse(s, frontier, exc)
+                        continue
                     s._put(frame)
             self._prune()
 
@@ -231,10 +239,8 @@ class PartitionLog:
 
     def _refuse(self, sub: Subscriber, time: Any, exc: Exception) -> None:
         """A subscriber whose filter does not compare with the stream's times is refused;
-        the job goes on."""
-        reason = f"its filter does not compare with the stream's time {time!r} ({exc})"
-        log.warning("publish/subscribe: refused subscriber %s: %s", sub.name, reason)
-        sub.fail(reason)
+        the job goes on (the publisher logs the refusal once, when it closes the connection)."""
+        sub.fail(f"its filter does not compare with the stream's time {time!r} ({exc})")
 
     def _prune(self) -> None:
         if self._joining:

@@ -103,11 +103,13 @@ class Publisher:
             except ResumeRefused as exc:
                 raise wire.ProtocolError(f"cannot resume: {exc}") from None
             sock.settimeout(10.0)
-            self._pump(sock, sub)
+            self._pump(sock, sub, peer)
         finally:
             self.log.leave(sub)
+            if sub.refusal is not None:  # refused by the log (its REFUSED frame is queued)
+                self.endpoint.refuse(peer, sub.refusal)
 
-    def _pump(self, sock: socket.socket, sub: Subscriber) -> None:
+    def _pump(self, sock: socket.socket, sub: Subscriber, peer: str) -> None:
         while True:
             frames = sub.take(0.5)
             if frames is None:
@@ -118,7 +120,9 @@ class Publisher:
                 sock.sendall(b"".join(frames))
                 sub.sent_frames += len(frames)
             readable, _, _ = select.select([sock], [], [], 0)
-            if readable:  # a subscriber sends nothing after FILTER: EOF or a stray frame
+            if readable:  # a subscriber sends nothing after FILTER: EOF, or a stray frame
+                if sock.recv(1, socket.MSG_PEEK):
+                    self.endpoint.refuse(peer, "a frame after FILTER", sock)
                 return
 
     def data(self, time: Any, batch: pa.RecordBatch) -> None:

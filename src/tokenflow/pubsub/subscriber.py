@@ -267,6 +267,8 @@ class Subscription:
         while not assembler.finished:
             event = self._events.get()
             if isinstance(event, _Lost):
+                if assembler.done(event.partition) and not event.refused:
+                    continue  # a partition that completed its stream may say BYE early
                 if event.refused:
                     self.close()
                     raise wire.ProtocolError(f"partition {event.partition} of {self.topic!r} "

@@ -68,11 +68,13 @@ SUBSCRIBE = 2
 SNAPSHOT = 3
 """publisher -> client: the seed's ``InitialFrontierSnapshot`` ``{"lower", "upper", "dropped"}``."""
 FILTER = 4
-"""client -> publisher: ``{"drop_upto": antichain, "since": antichain | None}``; data flows after it."""
+"""client -> publisher: ``{"drop_upto": antichain, "since": antichain | None, "snapshot_at":
+antichain | None}``; data flows after it."""
 LOWER = 5
 """publisher -> client: the seed's ``LowerFrontierUpdate`` ``{"updates": [[time, +1|-1], ...]}``."""
 DATA = 6
-"""publisher -> client: the seed's ``DataMessage`` ``{"time"}`` + an Arrow body."""
+"""publisher -> client: the seed's ``DataMessage`` ``{"time"}`` + an Arrow body (or, once, for a
+subscriber joining with a snapshot: ``{"snapshot": antichain}`` + the latest rows per key)."""
 REFUSED = 7
 """server -> client: ``{"reason"}``, then the connection closes."""
 BYE = 8
