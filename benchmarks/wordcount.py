@@ -348,8 +348,7 @@ STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("socket", ("sendmsg", "_recv_into", "recv_exactly", "read_header")),
     ("sealing (AES-GCM)", ("FrameSealer.seal", "FrameOpener.open", "_allocate")),
     ("serialization", ("encode_payload", "decode_message", "pickle")),
-    ("routing / exchange", ("KeyRouter", "partition_", "ExchangePusher", "stable_hash",
-                            "column_routes", "hash_strings")),
+    ("routing / exchange", ("routing.py", "ExchangePusher")),
     ("user logic", ("wordcount.py", "collections/__init__.py")),
     ("progress", ("Progcaster", "Tracker", "propagate", "ChangeBatch", "Antichain",
                   "progress/", "probe.py", "Capability")),
@@ -408,6 +407,9 @@ def profile_run(src: Path, variant: str,
         run = json.loads(next(x for x in done.stdout.splitlines() if x.startswith("{")))
         return run, breakdown(raw)
 
+
+KEPT = "\n## Where an epoch's time goes"
+"""wordcount.md from this heading on is written by hand (profiles, before/after) and kept."""
 
 PROFILE_RATE = 1000
 """py-spy samples per second."""
@@ -646,7 +648,9 @@ def main() -> None:
     print(text)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / "wordcount.md").write_text(text)
+        path = RESULTS / "wordcount.md"
+        kept = path.read_text().partition(KEPT)[1:] if path.exists() else ("", "")
+        path.write_text(text + "".join(kept))
         plot([*rows[:1], {**rows[2], "ratio": 1.0}, *plot_rows], RESULTS / "wordcount.png")
 
 
