@@ -1,0 +1,415 @@
+"""Megaphone: move keyed state between workers at logical times, while the job runs.
+
+Source: Hoffmann, Lattuada, McSherry et al., *Megaphone: Latency-conscious state migration for
+distributed streaming dataflows* (VLDB 2019); the distributed-DBSP design, "Scaling state"
+(bins, so a change of W moves about 1/(W+1) of the state); docs/ARCHITECTURE.md ("Elasticity").
+
+A keyed operator built with ``megaphone_fold`` is two operators on every worker sharing the
+operator's state (worker-local memory, the paper's design):
+
+* **F, the router**, reads the data and a *control* stream (broadcast).  Control records are
+  bin moves ``(bin, old owner, new owner)`` at a logical time ``t``: records at times ``>= t``
+  route by the new owners.  F routes a record at time ``s`` once the control frontier has passed
+  ``s`` (every move that applies to ``s`` is known).  For each move *from* its own worker at
+  ``t``, F holds a token at ``t``; once S on its worker has applied every record before ``t``
+  (S's input frontier has no time ``< t``), F takes the bin's state out of S and sends it, at
+  ``t``, to the new owner, then drops the token.
+* **S, the state**, receives routed records and moved state (one exchange channel), stashes them
+  per time, and when its input frontier passes ``t`` loads the state that arrived at ``t``, then
+  folds ``t``'s records in arrival order: records at ``t`` of a moved bin only arrive at the new
+  owner, and S there applies none of them before the state sent at ``t``.
+
+The **controller** (``control_stream``, held on worker 0) keeps its token ``lead`` ahead of the
+data frontier, so F routes records of the current epochs at once; ``Controller.rescale(table,
+strategy)`` turns the difference between the current and the new routing table into steps at
+consecutive times ahead of the data: *all-at-once* (one step), *fluid* (one bin per step) or
+*batched* (the default: rounds in which each worker sends at most one batch of bins and
+receives at most one).  Only bins whose owner changes move.
+
+Times: ``int`` (control times are ``data frontier + lead``, consecutive per step).  Records:
+``list`` batches.  Not yet checkpointed: building one in a job that takes checkpoints raises.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from tokenflow.dataflow.channels import Broadcast, Message, Push
+from tokenflow.dataflow.operators.builder import OperatorBuilder
+from tokenflow.dataflow.state import KeyedState, key_bins
+from tokenflow.state.bins import RoutingTable
+
+if TYPE_CHECKING:
+    from tokenflow.dataflow.scope import Scope
+    from tokenflow.dataflow.stream import Stream
+
+STRATEGIES = ("all-at-once", "fluid", "batched")
+BATCH_BINS = 64
+"""Bins per batch of the ``batched`` strategy."""
+
+REMOVE = object()
+"""Returned as the new value by a fold to forget the key."""
+
+
+@dataclass(frozen=True)
+class Move:
+    """Bin ``bin`` moves from worker ``old`` to worker ``new``."""
+
+    bin: int
+    old: int
+    new: int
+
+
+def plan(old: RoutingTable, new: RoutingTable, strategy: str = "batched",
+         batch_bins: int = BATCH_BINS) -> list[list[Move]]:
+    """The steps that take ``old`` to ``new``: lists of moves, one list per logical time.
+
+    Raises:
+        ValueError: an unknown strategy, or tables of different bin counts.
+    """
+    if strategy not in STRATEGIES:
+        raise ValueError(f"unknown migration strategy {strategy!r}; choose one of {STRATEGIES}")
+    if old.bins != new.bins:
+        raise ValueError(f"routing tables of {old.bins} and {new.bins} bins")
+    changed = np.flatnonzero(old.owners != new.owners).tolist()
+    moves = [Move(b, old.owner(b), new.owner(b)) for b in changed]
+    if not moves:
+        return []
+    if strategy == "all-at-once":
+        return [moves]
+    if strategy == "fluid":
+        return [[m] for m in moves]
+    chunks: collections.deque[list[Move]] = collections.deque()
+    by_pair: dict[tuple[int, int], list[Move]] = collections.defaultdict(list)
+    for m in moves:
+        by_pair[(m.old, m.new)].append(m)
+    for pair_moves in by_pair.values():
+        for i in range(0, len(pair_moves), batch_bins):
+            chunks.append(pair_moves[i:i + batch_bins])
+    rounds: list[list[Move]] = []
+    while chunks:  # greedy: each worker sends at most one chunk and receives at most one
+        senders: set[int] = set()
+        receivers: set[int] = set()
+        this: list[Move] = []
+        for _ in range(len(chunks)):
+            chunk = chunks.popleft()
+            if chunk[0].old in senders or chunk[0].new in receivers:
+                chunks.append(chunk)
+                continue
+            senders.add(chunk[0].old)
+            receivers.add(chunk[0].new)
+            this.extend(chunk)
+        rounds.append(this)
+    return rounds
+
+
+@dataclass
+class StepStats:
+    """One migration step as its old owner saw it."""
+
+    time: int
+    bins: int
+    bytes: int
+
+
+class Controller:
+    """Requests migrations (on worker 0; the other workers' controllers are inert).
+
+    Attributes:
+        table: the routing table after every requested step.
+        issued: ``(time, moves)`` of every step sent.
+    """
+
+    def __init__(self, table: RoutingTable, lead: int) -> None:
+        self.table = table
+        self.lead = lead
+        self.issued: list[tuple[int, list[Move]]] = []
+        self._steps: collections.deque[list[Move]] = collections.deque()
+        self.activate: Callable[[], None] = lambda: None
+
+    def rescale(self, table: RoutingTable, strategy: str = "batched",
+                batch_bins: int = BATCH_BINS) -> int:
+        """Move to ``table`` in steps of ``strategy``; returns the number of steps."""
+        steps = plan(self.table, table, strategy, batch_bins)
+        self._steps.extend(steps)
+        self.table = table
+        self.activate()
+        return len(steps)
+
+    @property
+    def busy(self) -> bool:
+        """Steps requested but not sent yet."""
+        return bool(self._steps)
+
+
+def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], list[Any]],
+                   lead: int = 1, name: str = "MegaphoneControl") -> tuple[Stream, Controller]:
+    """The control source: worker 0 holds a token ``lead`` ahead of ``follow()`` (the data
+    frontier; ``[]`` when the data is done) and sends each requested step at its own time."""
+    from tokenflow.dataflow.operators.generic import source
+
+    controller = Controller(initial, lead)
+
+    def constructor(cap: Any, info: Any) -> Any:
+        if info.worker_index != 0:
+            cap.drop()
+            return lambda output: None
+        controller.activate = info.activate
+        held = [cap]
+
+        def logic(output: Any) -> None:
+            if not held:
+                return
+            token = held[0]
+            frontier = follow()
+            if controller._steps:
+                base = max(token.time, min(frontier) + lead if frontier else token.time)
+                while controller._steps:
+                    step = controller._steps.popleft()
+                    token.downgrade(base)
+                    output.give_batch(token, [(m.bin, m.old, m.new) for m in step])
+                    controller.issued.append((base, step))
+                    base += 1
+                token.downgrade(base)
+            elif not frontier:
+                held.pop().drop()
+                return
+            elif min(frontier) + lead > token.time:
+                token.downgrade(min(frontier) + lead)
+            info.activate()  # follow the data frontier
+
+        return logic
+
+    return source(scope, name, constructor), controller
+
+
+class ByTarget:
+    """A pact sending each ``(target, payload)`` record to worker ``target``."""
+
+    name = "ByTarget"
+
+    def connect(self, host: Any, identifier: int, path: tuple[int, ...]) -> tuple[Any, Any]:
+        pushers, puller = host.allocate(identifier, path)
+        return _TargetPusher(pushers), puller
+
+
+class _TargetPusher:
+    __slots__ = ("pushers",)
+
+    def __init__(self, pushers: list[Push]) -> None:
+        self.pushers = pushers
+
+    def push(self, message: Message) -> None:
+        time, batch = message
+        parts: dict[int, list[Any]] = {}
+        for record in batch:
+            parts.setdefault(record[0], []).append(record)
+        for target, part in parts.items():
+            self.pushers[target].push((time, part))
+
+
+@dataclass
+class _Shared:
+    """What F and S of one worker share."""
+
+    state: KeyedState[Any, Any]
+    applied: list[Any] = field(default_factory=lambda: [0])  # S's input frontier, last run
+    activate_router: Callable[[], None] = lambda: None
+    moved: list[StepStats] = field(default_factory=list)
+
+
+@dataclass
+class MegaphoneHandle:
+    """A worker's view of one migrating operator: its ``controller`` (worker 0 drives it) and
+    the ``moved`` steps this worker sent as an old owner (bins, bytes of Arrow state)."""
+
+    controller: Controller
+    shared: _Shared
+    stream: Stream
+
+    @property
+    def moved(self) -> list[StepStats]:
+        return self.shared.moved
+
+    @property
+    def state(self) -> KeyedState[Any, Any]:
+        return self.shared.state
+
+
+def _owners_at(versions: list[tuple[int, np.ndarray]], time: int) -> np.ndarray:
+    """The owners in effect at ``time``: the latest version from a time ``<= time``."""
+    i = bisect.bisect_right(versions, time, key=lambda v: v[0]) - 1
+    if i < 0:
+        raise AssertionError(f"no routing table version for time {time} (oldest kept: "
+                             f"{versions[0][0]})")
+    return versions[i][1]
+
+
+def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, Iterable[Any]]],
+                   key: Callable[[Any], Any] | None = None, *, initial: RoutingTable | None = None,
+                   lead: int = 1, name: str = "Megaphone") -> MegaphoneHandle:
+    """A per-key fold (as ``state_machine``) whose bins can move between workers at logical
+    times: ``fold(key, value, current) -> (new, outputs)``, ``outputs`` sent at the record's
+    time; ``key`` extracts the key (default ``record[0]``, the value then ``record[1]``).
+
+    Args:
+        initial: the starting routing table (default the job's); its roster may leave workers
+            without bins (they own nothing until a step gives them some).
+        lead: logical time units the controller stays ahead of the data frontier.
+
+    Returns:
+        A ``MegaphoneHandle``: ``stream`` (the outputs), ``controller`` (call ``rescale`` on
+        worker 0), ``moved`` and ``state``.
+
+    Raises:
+        NotImplementedError: the job takes checkpoints (migrating operators are not
+            checkpointed yet).
+    """
+    scope = stream.scope
+    worker = scope.worker
+    if getattr(worker, "input_log", None) is not None:
+        raise NotImplementedError(f"{name}: migrating operators are not checkpointed yet; run "
+                                  f"the job without checkpoints")
+    table = initial or worker.routing or RoutingTable.even(scope.peers)
+    get_key = key if key is not None else (lambda r: r[0])
+    shared = _Shared(KeyedState())
+    shared.state.attach(table.bins, -1)
+    data_frontier: list[Any] = [[0]]
+
+    control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
+                                         f"{name}.Control")
+
+    # -- F: the router ---------------------------------------------------------------------
+    router = OperatorBuilder(f"{name}.Route", scope)
+    data_in = router.new_input(stream, "pipeline")
+    control_in = router.new_input(control, Broadcast())
+    routed_out, routed = router.new_output()
+    me = scope.worker_index
+    bins = table.bins
+
+    def router_constructor(caps: list[Any]) -> Any:
+        caps[0].drop()
+        versions: list[tuple[int, np.ndarray]] = [(-(1 << 62), table.owners.copy())]
+        waiting: dict[int, tuple[Any, list[Any]]] = {}  # time -> (token, records)
+        sends: list[tuple[int, Any, list[Move]]] = []  # (time, token, moves from me)
+        shared.activate_router = router.activator()
+
+        def route(time: int, token: Any, records: list[Any]) -> None:
+            owners = _owners_at(versions, time)
+            targets = owners[key_bins([get_key(r) for r in records], bins)].tolist()
+            parts: dict[int, list[Any]] = {}
+            for target, record in zip(targets, records, strict=True):
+                parts.setdefault(target, []).append(record)
+            routed_out.give_batch(token, [(t, "d", part) for t, part in parts.items()], time=time)
+
+        def logic(frontiers: Any) -> None:
+            for ref, batch in control_in:
+                moves = [Move(*m) for m in batch]
+                owners = _owners_at(versions, ref.time).copy()
+                for m in moves:
+                    owners[m.bin] = m.new
+                bisect.insort(versions, (ref.time, owners), key=lambda v: v[0])
+                for later in range(len(versions)):  # a step applies to later versions too
+                    t, later_owners = versions[later]
+                    if t > ref.time:
+                        for m in moves:
+                            later_owners[m.bin] = m.new
+                mine = [m for m in moves if m.old == me]
+                if mine:
+                    sends.append((ref.time, ref.retain(), mine))
+            control_frontier = control_in.frontier
+            for ref, batch in data_in:
+                if not batch:
+                    continue
+                if control_frontier.less_equal(ref.time):
+                    held = waiting.get(ref.time)
+                    if held is None:
+                        waiting[ref.time] = (ref.retain(), list(batch))
+                    else:
+                        held[1].extend(batch)
+                else:
+                    route(ref.time, ref, list(batch))
+            for t in sorted(waiting):
+                if not control_frontier.less_equal(t):
+                    token, records = waiting.pop(t)
+                    route(t, token, records)
+                    token.drop()
+            data_frontier[0] = data_in.frontier.frontier()
+            # versions no record can use any more: none may still arrive, none waits here
+            low = min([*data_frontier[0], *waiting], default=None)
+            if low is not None and len(versions) > 1:
+                keep = bisect.bisect_right(versions, low, key=lambda v: v[0]) - 1
+                if keep > 0:
+                    del versions[:keep]
+            applied = shared.applied
+            for entry in list(sends):
+                t, token, moves = entry
+                if applied and min(applied) < t:
+                    continue  # S has not applied every record before t yet
+                moved = [m.bin for m in moves]
+                parts = shared.state.export(moved)
+                shared.state.discard(moved)
+                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
+                for m in moves:
+                    if m.bin in parts:
+                        by_target[m.new][m.bin] = parts[m.bin]
+                routed_out.give_batch(token, [(target, "s", tables)
+                                              for target, tables in by_target.items()])
+                shared.moved.append(StepStats(t, len(moves),
+                                              sum(tb.nbytes for tb in parts.values())))
+                token.drop()
+                sends.remove(entry)
+
+        return logic
+
+    router.build(router_constructor)
+
+    # -- S: the state ----------------------------------------------------------------------
+    state_op = OperatorBuilder(f"{name}.State", scope)
+    state_in = state_op.new_input(routed, ByTarget())
+    out, outputs = state_op.new_output()
+
+    def state_constructor(caps: list[Any]) -> Any:
+        caps[0].drop()
+        pending: dict[int, tuple[Any, list[Any], list[Any]]] = {}  # time -> (token, states, data)
+        data = shared.state.data
+
+        def logic(frontiers: Any) -> None:
+            for ref, batch in state_in:
+                entry = pending.get(ref.time)
+                if entry is None:
+                    entry = pending[ref.time] = (ref.retain(), [], [])
+                for _, kind, payload in batch:
+                    (entry[1] if kind == "s" else entry[2]).append(payload)
+            frontier = state_in.frontier
+            for t in sorted(pending):
+                if frontier.less_equal(t):
+                    break
+                token, states, parts = pending.pop(t)
+                for tables in states:
+                    shared.state.load(tables)
+                with out.session(token) as session:
+                    for part in parts:
+                        for record in part:
+                            k = get_key(record)
+                            v = record[1] if key is None else record
+                            new, emitted = fold(k, v, data.get(k))
+                            if new is REMOVE:
+                                data.pop(k, None)
+                            else:
+                                data[k] = new
+                            session.give_iterator(emitted)
+                token.drop()
+            shared.applied = frontier.frontier()
+            shared.activate_router()
+
+        return logic
+
+    state_op.build(state_constructor)
+    return MegaphoneHandle(controller, shared, outputs)

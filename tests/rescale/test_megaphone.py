@@ -1,0 +1,149 @@
+"""Megaphone migration: a running word count whose bins move between workers at logical
+times produces exactly the output of a run without moves (and of a plain Counter), and only
+the bins whose owner changes move."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from typing import Any
+
+import numpy as np
+import pytest
+
+from tokenflow import execute
+from tokenflow.dataflow.state import key_bins
+from tokenflow.rescale import STRATEGIES, megaphone_fold, plan
+from tokenflow.state.bins import RoutingTable
+
+WORKERS = 4
+EPOCHS = 40
+BINS = 64
+
+
+def words(worker: int, epoch: int) -> list[str]:
+    rng = random.Random(worker * 1000 + epoch)
+    return [f"w{int(rng.paretovariate(1.2)) % 50}" for _ in range(30)]
+
+
+def tables() -> list[RoutingTable]:
+    """2 -> 3 -> 4 -> 3 -> 2 active workers out of 4 (the others own no bin)."""
+    start = RoutingTable(RoutingTable.even(2, BINS).owners, range(WORKERS))
+    out = [start]
+    for roster in ([0, 1, 2], [0, 1, 2, 3], [0, 1, 3], [1, 3]):
+        out.append(out[-1].rebalanced(roster))
+    return out
+
+
+def job(schedule: dict[int, RoutingTable], strategy: str) -> Any:
+    def run(worker: Any) -> dict[str, Any]:
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
+                                    initial=tables()[0])
+            return inp, handle, handle.stream.capture()
+
+        inp, handle, capture = worker.dataflow(build)
+        for e in range(EPOCHS):
+            if worker.index == 0 and e in schedule:
+                handle.controller.rescale(schedule[e], strategy, batch_bins=4)
+            for w in words(worker.index, e):
+                inp.send(w)
+            inp.advance_to(e + 1)
+            for _ in range(3):
+                worker.step()
+        inp.close()
+        worker.step_until_done()
+        return {"out": capture.by_time(), "moved": list(handle.moved),
+                "keys": sorted(handle.state.data),
+                "issued": list(handle.controller.issued)}
+
+    return run
+
+
+def outputs(results: list[dict[str, Any]]) -> dict[int, Counter[Any]]:
+    merged: dict[int, Counter[Any]] = {}
+    for r in results:
+        for t, records in r["out"].items():
+            merged.setdefault(t, Counter()).update(records)
+    return merged
+
+
+def oracle() -> dict[int, Counter[Any]]:
+    counts: Counter[str] = Counter()
+    out: dict[int, Counter[Any]] = {}
+    for e in range(EPOCHS):
+        c: Counter[Any] = Counter()
+        seen: Counter[str] = Counter()
+        for w in range(WORKERS):
+            for word in words(w, e):
+                seen[word] += 1
+        for word, n in seen.items():  # the running count after each of the epoch's records
+            for i in range(1, n + 1):
+                c[(word, counts[word] + i)] += 1
+            counts[word] += n
+        out[e] = c
+    return out
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_moves_keep_the_output_and_move_only_changed_bins(strategy: str) -> None:
+    ts = tables()
+    schedule = {8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}
+    results = execute(job(schedule, strategy), workers=WORKERS, runtime="thread")
+    assert outputs(results) == oracle()
+    # every changed bin moved exactly once per step of its table change, by its old owner
+    expected_moves = sum(len(m) for a, b in zip(ts, ts[1:], strict=False)
+                         for step in plan(a, b, strategy) for m in [step])
+    moved = sum(s.bins for r in results for s in r["moved"])
+    assert moved == expected_moves
+    assert sum(s.bytes for r in results for s in r["moved"]) > 0
+    # at the end each worker holds exactly the keys of the bins it owns in the last table
+    final = ts[-1]
+    for w, r in enumerate(results):
+        if r["keys"]:
+            owners = final.owners[key_bins(r["keys"], BINS)]
+            assert set(owners.tolist()) == {w}
+    assert not results[0]["keys"] and not results[2]["keys"]  # workers 0 and 2 own no bin
+
+
+def test_plan_moves_only_changed_bins_and_batched_rounds_are_matchings() -> None:
+    a = RoutingTable(RoutingTable.even(2, 256).owners, range(4))
+    b = a.rebalanced([0, 1, 2, 3])
+    changed = set(np.flatnonzero(a.owners != b.owners).tolist())
+    for strategy in STRATEGIES:
+        steps = plan(a, b, strategy, batch_bins=8)
+        moved = [m.bin for step in steps for m in step]
+        assert sorted(moved) == sorted(changed)
+        assert all(m.old == a.owner(m.bin) and m.new == b.owner(m.bin) for s in steps for m in s)
+    assert len(plan(a, b, "all-at-once")) == 1
+    assert len(plan(a, b, "fluid")) == len(changed)
+    for step in plan(a, b, "batched", batch_bins=8):
+        pairs = {(m.old, m.new) for m in step}
+        assert len({o for o, _ in pairs}) == len(pairs) == len({n for _, n in pairs})
+        assert all(sum(1 for m in step if (m.old, m.new) == p) <= 8 for p in pairs)
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_random_schedules_keep_the_output(seed: int) -> None:
+    """Random rosters at random epochs, random strategy: the output is always the oracle's."""
+    rng = random.Random(seed)
+    table = tables()[0]
+    schedule: dict[int, RoutingTable] = {}
+    for e in sorted(rng.sample(range(1, EPOCHS - 2), rng.randint(1, 6))):
+        roster = sorted(rng.sample(range(WORKERS), rng.randint(1, WORKERS)))
+        table = table.rebalanced(roster)
+        schedule[e] = table
+    results = execute(job(schedule, rng.choice(STRATEGIES)), workers=WORKERS, runtime="thread")
+    assert outputs(results) == oracle()
+
+
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+def test_moves_on_the_process_runtime() -> None:
+    ts = tables()
+    schedule = {8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}
+    results = execute(job(schedule, "batched"), workers=WORKERS, runtime="process")
+    assert outputs(results) == oracle()
+    assert sum(s.bins for r in results for s in r["moved"]) == sum(
+        int((a.owners != b.owners).sum()) for a, b in zip(ts, ts[1:], strict=False))
