@@ -75,7 +75,9 @@ def stream_events(order: list[Any], partitions: int, rng: random.Random) -> list
 class Client:
     """A subscriber of every partition, fed frames through ``PartitionLog`` queues."""
 
-    def __init__(self, logs: list[PartitionLog], name: str, start: str) -> None:
+    def __init__(self, logs: list[PartitionLog], name: str, start: str,
+                 rng: random.Random | None = None) -> None:
+        self.rng = rng or random.Random(name)
         self.logs = logs
         self.name = name
         self.start = start
@@ -119,7 +121,7 @@ class Client:
         self.subs[p] = sub
 
     def drain(self) -> None:
-        for p in random.sample(range(len(self.logs)), len(self.logs)):
+        for p in self.rng.sample(range(len(self.logs)), len(self.logs)):
             sub = self.subs[p]
             if sub is None:
                 continue
@@ -179,7 +181,8 @@ def run_stream(kind: str, partitions: int, seed: int, instants: int) -> tuple[in
     counter = itertools.count()
     while used < instants:
         join = rng.randrange(len(events) + 1)
-        client = Client(logs, f"s{next(counter)}", rng.choice(["latent", "latent", "earliest"]))
+        client = Client(logs, f"s{next(counter)}", rng.choice(["latent", "latent", "earliest"]),
+                        random.Random(rng.random()))
         snaps = sorted(join + rng.randrange(4) for _ in range(partitions))
         for p, at in zip(rng.sample(range(partitions), partitions), snaps, strict=True):
             plans[at].append(("snapshot", client, p))
