@@ -306,6 +306,13 @@ def run(
     catalog: Annotated[bool, typer.Option(
         "--catalog", help="Start a publish/subscribe catalog for the job's Stream.publish "
                           "topics.")] = False,
+    rescale_schedule: Annotated[str | None, typer.Option(
+        "--rescale-schedule", metavar="SCHEDULE",
+        help="Move the state of the job's migrating operators (tokenflow.rescale) over the "
+             "first N workers at these seconds after the start, e.g. \"20s:3,40s:4,60s:2\" "
+             "(N <= --workers).")] = None,
+    strategy: Annotated[str, typer.Option(
+        "--strategy", help="Migration steps: batched, fluid or all-at-once.")] = "batched",
     catalog_port: CatalogPortOption = 0,
     token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
 ) -> None:
@@ -341,6 +348,14 @@ def run(
         _run_checkpointed(fn, checkpoint, definition, workers=workers, timeout=timeout, quiet=quiet,
                           restore=False)
         return
+    schedule: list[tuple[float, int]] = []
+    if rescale_schedule is not None:
+        try:
+            schedule = parse_rescale_schedule(rescale_schedule, workers)
+        except ValueError as exc:
+            _fail(f"bad --rescale-schedule: {exc}", 2)
+        if snapshot_dir is not None:
+            _fail("--rescale-schedule cannot be combined with --snapshot-dir", 2)
     options: dict[str, Any] = {"name": name or target}
     if restore is not None:
         options["restore"] = str(restore)
@@ -357,7 +372,10 @@ def run(
     if job_catalog is not None:
         options["catalog"] = job_catalog.endpoint
     try:
-        if snapshot_dir is None:
+        if schedule:
+            outcome = _run_rescaled(fn, workers, runtime.value, options, coordinator, err, quiet,
+                                    schedule, strategy)
+        elif snapshot_dir is None:
             outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
         else:
             outcome = _run_until_stopped(fn, workers, runtime.value, options, coordinator, err,
@@ -417,6 +435,65 @@ def _run_until_stopped(fn: Callable[..., Any], workers: int, runtime: str, optio
         outcome["results"] = outcome.pop("result")
     if "epoch" in snapshot:
         outcome["snapshot"] = snapshot["epoch"]
+    return outcome
+
+
+def parse_rescale_schedule(text: str, workers: int) -> list[tuple[float, int]]:
+    """``"20s:3,40s:4"`` as ``[(20.0, 3), (40.0, 4)]`` (seconds after the start, workers).
+
+    Raises:
+        ValueError: a malformed entry, times not increasing, or a count outside
+            ``1..workers`` (workers joining a running job's processes are not supported yet).
+    """
+    out: list[tuple[float, int]] = []
+    for part in text.split(","):
+        when, sep, count = part.partition(":")
+        if not sep or not count.strip().isdigit():
+            raise ValueError(f"expected SECONDS:WORKERS, got {part.strip()!r}")
+        at, n = parse_interval(when), int(count)
+        if not 1 <= n <= workers:
+            raise ValueError(f"{n} workers at {at:g} s: the job has {workers} worker processes "
+                             f"(start it with --workers >= the largest count)")
+        if out and at <= out[-1][0]:
+            raise ValueError(f"times must increase: {at:g} s after {out[-1][0]:g} s")
+        out.append((at, n))
+    return out
+
+
+def _run_rescaled(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
+                  coordinator: Coordinator, err: Console, quiet: bool,
+                  schedule: list[tuple[float, int]], strategy: str) -> dict[str, Any]:
+    """Run the job under the control plane and rescale it at the scheduled times."""
+    from tokenflow.job import start
+
+    handle = start(fn, workers, runtime, coordinator=coordinator, **options)
+    began = time.monotonic()
+    shown = {"table": handle.spec.table, "line": "rescale: none yet"}
+
+    def footer() -> str:
+        return shown["line"]
+
+    def driver() -> None:
+        for at, n in schedule:
+            delay = began + at - time.monotonic()
+            if delay > 0:
+                time.sleep(delay)
+            if not handle.running:
+                return
+            try:
+                steps = handle.rescale(n, strategy)
+                shown["table"] = shown["table"].rebalanced(range(n))
+                counts = ", ".join(f"{w}: {c}" for w, c in shown["table"].counts().items() if c)
+                shown["line"] = f"roster: workers 0..{n - 1}; bins per worker {counts}"
+                err.print(f"{time.monotonic() - began:.1f} s: state over workers 0..{n - 1} "
+                          f"({steps} {strategy} steps)")
+            except Exception as exc:  # noqa: BLE001 - reported, the job goes on
+                err.print(f"rescale to {n} workers failed: {exc}")
+
+    threading.Thread(target=driver, daemon=True, name="tokenflow-rescale-schedule").start()
+    outcome = _live(handle.result, workers, runtime, coordinator, err, quiet, footer=footer)
+    if "result" in outcome:
+        outcome["results"] = outcome.pop("result")
     return outcome
 
 

@@ -312,6 +312,12 @@ class ControlAgent:
             self.draining = False
             for source in self._sources(worker):
                 source.resume()
+        elif kind == "rescale":
+            roster = [int(w) for w in message["roster"]]
+            strategy = str(message.get("strategy", "batched"))
+            steps = sum(r.rescale_roster(roster, strategy) for r in worker.rescalers)
+            self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
+                            "steps": steps})
         elif kind == "stop":
             self.finish()
             self.pause_epoch = None

@@ -293,6 +293,7 @@ _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
                 "bytes_reused": lambda v: v is None or (_is_int(v) and v >= 0)},
     "captured": {"epoch": lambda v: _is_int(v) and v >= 0},
     "write_failed": {"error": lambda v: isinstance(v, str) and len(v) <= 4096},
+    "rescaled": {"steps": lambda v: _is_int(v) and v >= 0},
 }
 """Fields the control plane (``tokenflow.control``) reads from each kind of reply."""
 

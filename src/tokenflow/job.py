@@ -161,6 +161,34 @@ class JobHandle:
         assert epoch is not None  # only a snapshot building on a previous one is skipped
         return epoch
 
+    def rescale(self, roster: int | list[int], strategy: str = "batched",
+                timeout: float = 30.0) -> int:
+        """Spread the bins of every migrating operator (``tokenflow.rescale``) over
+        ``roster`` (worker indices, or ``n`` for workers ``0..n-1``) while the job runs,
+        moving only the bins whose owner changes; returns the number of steps.  The job's
+        processes stay: a worker outside the roster keeps running and owns no bins.
+
+        Raises:
+            ValueError: a roster member that is not a worker of the job.
+            ControlError: worker 0 did not acknowledge within ``timeout`` s.
+        """
+        from tokenflow.control import ControlError
+
+        members = list(range(roster)) if isinstance(roster, int) else sorted(set(roster))
+        if not members or members[0] < 0 or members[-1] >= self.workers:
+            raise ValueError(f"roster {members} is not within the job's {self.workers} workers "
+                             f"(workers joining a running job are not supported yet)")
+        self.hub.send(0, {"kind": "rescale", "roster": members, "strategy": strategy, "round": None})
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            reply = self.hub.receive(0.1)
+            if reply is not None and reply.get("kind") == "rescaled":
+                return int(reply.get("steps", 0))
+            if not self.running:
+                break
+        raise ControlError(f"worker 0 did not acknowledge the rescale to {members} "
+                           f"within {timeout} s")
+
     def result(self, timeout: float | None = None) -> list[Any]:
         """The per-worker results once the job ends.
 

@@ -96,6 +96,9 @@ class Worker:
         self.input_log: Any = None
         """The job's durable input log for this worker (``tokenflow.io.inputlog.InputLog``),
         or None when the job runs without checkpoints."""
+        self.rescalers: list[Any] = []
+        """Controllers of migrating operators (``tokenflow.rescale``) on this worker, asked by
+        the control plane's ``rescale`` command (``rescale_roster(roster, strategy)``)."""
         self.catalog: tuple[str, int, str] | None = None
         """``(host, port, token)`` of the job's publish/subscribe catalog, or None."""
         self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle

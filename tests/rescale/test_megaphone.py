@@ -147,3 +147,44 @@ def test_moves_on_the_process_runtime() -> None:
     assert outputs(results) == oracle()
     assert sum(s.bins for r in results for s in r["moved"]) == sum(
         int((a.owners != b.owners).sum()) for a, b in zip(ts, ts[1:], strict=False))
+
+
+@pytest.mark.parametrize("runtime", ["thread", "process"])
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+def test_rescale_from_the_driver(runtime: str) -> None:
+    """``JobHandle.rescale`` through the control plane, while the job runs paced: the output
+    is still the oracle's and bins moved to the roster."""
+    import time
+
+    from tokenflow.job import start
+
+    def paced(worker: Any) -> dict[str, Any]:
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
+                                    initial=tables()[0])
+            return inp, handle, handle.stream.capture()
+
+        inp, handle, capture = worker.dataflow(build)
+        for e in range(EPOCHS):
+            for w in words(worker.index, e):
+                inp.send(w)
+            inp.advance_to(e + 1)
+            deadline = time.monotonic() + 0.05
+            while time.monotonic() < deadline:
+                worker.step_or_park(0.005)
+        inp.close()
+        worker.step_until_done()
+        return {"out": capture.by_time(), "moved": list(handle.moved),
+                "keys": sorted(handle.state.data)}
+
+    job = start(paced, workers=WORKERS, runtime=runtime, bins=BINS)
+    time.sleep(0.5)
+    steps = [job.rescale(3), job.rescale([0, 1, 2, 3], "fluid")]
+    time.sleep(0.3)
+    steps.append(job.rescale([3], "all-at-once"))
+    results = job.result(timeout=120)
+    assert outputs(results) == oracle()
+    assert steps[0] > 0 and steps[2] == 1
+    assert [bool(r["keys"]) for r in results] == [False, False, False, True]

@@ -132,6 +132,8 @@ class Controller:
         self.issued: list[tuple[int, list[Move]]] = []
         self._steps: collections.deque[list[Move]] = collections.deque()
         self.activate: Callable[[], None] = lambda: None
+        self.driving = False
+        """True on the worker whose control source sends the steps (worker 0)."""
 
     def rescale(self, table: RoutingTable, strategy: str = "batched",
                 batch_bins: int = BATCH_BINS) -> int:
@@ -141,6 +143,13 @@ class Controller:
         self.table = table
         self.activate()
         return len(steps)
+
+    def rescale_roster(self, roster: list[int], strategy: str = "batched") -> int:
+        """Move to the table that spreads the bins evenly over ``roster`` moving the fewest
+        (``RoutingTable.rebalanced``); returns the number of steps (0 on workers but 0)."""
+        if not self.driving:
+            return 0
+        return self.rescale(self.table.rebalanced(roster), strategy)
 
     @property
     def busy(self) -> bool:
@@ -161,6 +170,7 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
             cap.drop()
             return lambda output: None
         controller.activate = info.activate
+        controller.driving = True
         held = [cap]
 
         def logic(output: Any) -> None:
@@ -284,6 +294,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
 
     control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
                                          f"{name}.Control")
+    worker.rescalers.append(controller)
 
     # -- F: the router ---------------------------------------------------------------------
     router = OperatorBuilder(f"{name}.Route", scope)
