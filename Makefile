@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 
-.PHONY: demo test bench lint venv clean
+.PHONY: demo test bench evaluation lint venv clean
 
 venv: $(STAMP)
 
@@ -24,6 +24,9 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[dev,bench]"
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
+
+evaluation: $(STAMP)
+	for s in granularity scaling chains nexmark; do $(BIN)/python -m benchmarks.evaluation.$$s || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
