@@ -42,6 +42,7 @@ import numpy as np
 
 from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
+from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
 from tokenflow.dataflow.state import KeyedState, key_bins
 from tokenflow.state.bins import RoutingTable
 
@@ -302,6 +303,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     control_in = router.new_input(control, Broadcast())
     routed_out, routed = router.new_output()
     me = scope.worker_index
+    peers = scope.peers
     bins = table.bins
 
     def router_constructor(caps: list[Any]) -> Any:
@@ -313,11 +315,10 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
 
         def route(time: int, token: Any, records: list[Any]) -> None:
             owners = _owners_at(versions, time)
-            targets = owners[key_bins([get_key(r) for r in records], bins)].tolist()
-            parts: dict[int, list[Any]] = {}
-            for target, record in zip(targets, records, strict=True):
-                parts.setdefault(target, []).append(record)
-            routed_out.give_batch(token, [(t, "d", part) for t, part in parts.items()], time=time)
+            targets = owners[key_bins([get_key(r) for r in records], bins)]
+            routes = targets.astype(np.uint8).tobytes() if peers <= MASKED_PEERS else targets.tolist()
+            routed_out.give_batch(token, [(t, "d", part) for t, part in
+                                          partition_list(records, routes, peers)], time=time)
 
         def logic(frontiers: Any) -> None:
             for ref, batch in control_in:
