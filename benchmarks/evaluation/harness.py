@@ -9,11 +9,15 @@ data-processing systems*, 2022, §7.1.)
 
 How it works here, on every worker (``drive``):
 
-- Record ``i`` of a worker is *due* at ``t0 + i / r`` (``r``: the worker's share of the offered
-  rate, ``time.monotonic_ns`` clock).  Each turn of the loop sends every record that is due by
-  now, then lets the worker take one step.  A record's *offer time* is when it was due, not
-  when the loop got round to sending it, so a system that falls behind pays for it in latency
-  (no coordinated omission).
+- Record ``i`` of a worker is *due* (offered) at ``t0 + i / r`` (``r``: the worker's share of
+  the offered rate, ``time.monotonic_ns`` clock).  The loop hands records to the input in
+  batches, when their *period* has ended: the quantum, or 2^20 ns (about 1 ms) when the quantum
+  is coarser (Python pays ~50-100 µs per worker step, so waking once per record at coarse
+  quanta would measure the harness's wake-ups; a record can produce no output before its
+  quantum closes anyway, and 1 ms batches keep the work spread over a coarse quantum).  Then the
+  input advances to the current quantum and the worker takes one step.  A record's *offer
+  time* is when it was due, not when the loop got round to it, so a system that falls behind
+  pays for it in latency (no coordinated omission).
 - Record ``i`` carries the logical time ``offer - offer % quantum`` (the paper's timestamps
   quantized to powers of two, in ns); the input is advanced to the current quantum after every
   turn, so a time completes as soon as the wall clock has left its quantum.
@@ -157,6 +161,8 @@ class Load:
         duration: seconds of offering (warm-up included).
         warmup: seconds at the start whose records are not measured.
         drain_limit: seconds a worker may take to drain after offering before it aborts.
+        period_ns: records are handed to the input when their period (the quantum, at most
+            this) ends; see the module notes.
     """
 
     rate: float
@@ -164,6 +170,7 @@ class Load:
     duration: float = 3.0
     warmup: float = 0.5
     drain_limit: float = 3.0
+    period_ns: int = 2**20
 
 
 @dataclass
@@ -294,28 +301,31 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
     me = worker.index
     send = handle.send
     step = worker.step_or_park
+    period = min(q, load.period_ns)
+    next_offer = t0
     while True:
         now = clock()
         if now >= end:
             break
-        due = int((now - t0) / interval) + 1
-        if sent < due:
-            report.behind_ns = max(report.behind_ns, now - (t0 + int(sent * interval)))
-        while sent < due:
-            offer = t0 + int(sent * interval)
-            ts = offer - offer % q
+        closed = now - now % period  # records offered before this are handed over now
+        if next_offer < closed:
+            report.behind_ns = max(report.behind_ns,
+                                   now - (next_offer - next_offer % period + period))
+        while next_offer < closed:
+            ts = next_offer - next_offer % q
             if ts > cur:
                 handle.advance_to(ts)
                 cur = ts
-            send(make(sent, me, offer))
+            send(make(sent, me, next_offer))
             sent += 1
+            next_offer = t0 + int(sent * interval)
         ts = now - now % q
         if ts > cur:
             handle.advance_to(ts)
             cur = ts
         else:
             handle.flush()
-        wake = min(t0 + int(sent * interval), cur + q)
+        wake = min(next_offer - next_offer % period + period, cur + q)
         step(max(0.0, min((wake - clock()) / NS, 0.002)))
         report.steps += 1
         frontier = probe.with_frontier()
@@ -377,6 +387,18 @@ def run_wordcount(build: Callable[[Stream, Abort], Stream], load: Load, workers:
                       runtime=runtime), reports)
 
 
+def confirmed(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``run()``'s row; a run that did not finish is run once more and counts as DNF only if it
+    fails again (other people's jobs share the machine: one stall can fail a run).  The row
+    then says ``retried`` (the first attempt's reason)."""
+    row = run()
+    if row["dnf"]:
+        again = run()
+        again["retried"] = row["dnf"]
+        return again
+    return row
+
+
 # -- reporting -------------------------------------------------------------------------------
 
 
@@ -404,6 +426,19 @@ def fmt_ms(value: float | None) -> str:
     if value >= 1:
         return f"{value:.1f}"
     return f"{value:.2f}"
+
+
+def cell(row: dict[str, Any]) -> str:
+    """``p50 / p99.9 / max`` (ms) of a row, ``DNF``, and ``†`` when it finished only at the
+    second attempt (``confirmed``)."""
+    if row["dnf"]:
+        return "DNF"
+    mark = " †" if row.get("retried") else ""
+    return f"{fmt_ms(row['p50'])} / {fmt_ms(row['p999'])} / {fmt_ms(row['max'])}{mark}"
+
+
+RETRY_NOTE = ("† did not finish at the first attempt and finished at the second (a DNF counts "
+              "only when it happens twice in a row: other people's jobs share the machine).")
 
 
 def fmt_rate(rate: float) -> str:

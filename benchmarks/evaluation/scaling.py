@@ -23,7 +23,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmarks.evaluation.harness import (  # noqa: E402
+    RETRY_NOTE,
     Load,
+    cell,
+    confirmed,
     fmt_ms,
     fmt_rate,
     log,
@@ -44,25 +47,21 @@ RUNTIMES = ("thread", "process")
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    duration = 1.5 if quick else 3.0
+    duration = 1.5 if quick else 2.5
     rows = []
     for runtime in RUNTIMES:
         for qname, q in QUANTA.items():
             for config, workers, rate in CONFIGS:
                 for name, build in MECHANISMS.items():
-                    r = run_wordcount(build, Load(rate, q, duration=duration), workers, runtime,
-                                      params={"mechanism": name, "config": config,
-                                              "granularity": qname})
-                    row = r.row()
+                    row = confirmed(lambda b=build, r=rate, q=q, w=workers, rt=runtime, n=name,
+                                    c=config, g=qname: run_wordcount(
+                        b, Load(r, q, duration=duration), w, rt,
+                        params={"mechanism": n, "config": c, "granularity": g}).row())
                     rows.append(row)
                     log(f"{runtime:<7} {qname:<6} {config:<18} {name:<13} "
                         f"p50 {fmt_ms(row['p50']):>6} p99.9 {fmt_ms(row['p999']):>6} "
                         f"max {fmt_ms(row['max']):>6} {row['dnf'] or ''}")
     return {"machine": machine(), "quick": quick, "rows": rows, "duration": duration}
-
-
-def cell(r: dict[str, Any]) -> str:
-    return "DNF" if r["dnf"] else f"{fmt_ms(r['p50'])} / {fmt_ms(r['p999'])} / {fmt_ms(r['max'])}"
 
 
 def report(data: dict[str, Any]) -> str:
@@ -85,7 +84,8 @@ def report(data: dict[str, Any]) -> str:
                 body.append([runtime, f"{qname}, {quantum_label(q)}", config, fmt_rate(rate),
                              *[cell(mine[m]) for m in MECHANISMS]])
     lines += [table(["runtime", "quantum", "workers", "offered records/s",
-                     *[f"{m} p50 / p99.9 / max" for m in MECHANISMS]], body, "lllrrrr"), ""]
+                     *[f"{m} p50 / p99.9 / max" for m in MECHANISMS]], body, "lllrrrr"), "",
+              RETRY_NOTE, ""]
     lines += ["![p50 and p99.9 latency per configuration](evaluation_scaling.png)", ""]
     return "\n".join(lines)
 
