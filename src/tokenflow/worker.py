@@ -114,6 +114,7 @@ class Worker:
         """This worker's partition of each named job input (see ``tokenflow.inputs``)."""
         self.on_step: list[Callable[[Worker], None]] = []
         """Hooks called after every step (metrics reporters); keep them cheap."""
+        self._claims_checked = False
         self.steps = 0
         self.metrics: dict[str, int] = {"records_in": 0}
         """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
@@ -233,7 +234,11 @@ class Worker:
 
         Raises:
             WorkerAborted: when another worker of the job failed.
+            SnapshotError: (first step of a restored worker) the snapshot holds operator
+                state that no operator of this job declared, which would be lost silently.
         """
+        if self.restore is not None and not self._claims_checked:
+            self._check_claims()
         self.allocator.flush()  # what worker code sent since the last step goes out first
         paths = self._channel_paths
         for identifier in self.allocator.receive():
@@ -252,6 +257,19 @@ class Worker:
         for hook in self.on_step:
             hook(self)
         return bool(self._dataflows)
+
+    def _check_claims(self) -> None:
+        from tokenflow.state.snapshot import SnapshotError
+
+        self._claims_checked = True
+        unclaimed = sorted(set(self.restore.states()) - set(self.states))
+        if unclaimed:
+            declared = ", ".join(sorted(self.states)) or "none"
+            raise SnapshotError(
+                f"worker {self.index}: the snapshot of epoch {self.restore.epoch} holds state "
+                f"{', '.join(unclaimed)} that no operator of this job declares (declared: "
+                f"{declared}); restoring would lose it. Did the job's operators change since "
+                f"the snapshot? Restore with the job that wrote it.")
 
     def step_or_park(self, timeout: float = 0.01) -> bool:
         """Sleep up to ``timeout`` s if nothing asked to run and no message is waiting, then
