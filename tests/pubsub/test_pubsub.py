@@ -250,3 +250,29 @@ def test_published_nexmark_query_equals_its_output() -> None:
     rows = sorted(tuple(r.values()) for e in got for r in e.batch.to_pylist())
     assert rows == sorted(result.rows.itertuples(index=False, name=None))
     assert len(rows) > 0 and len({e.time for e in got}) == len(got)
+
+
+def test_send_frames_keeps_order_across_small_and_large_frames() -> None:
+    import random
+    import socket as socketlib
+
+    from tokenflow.pubsub.publisher import COALESCE_BYTES, send_frames
+
+    rng = random.Random(7)
+    frames = [bytes([i % 256]) * rng.choice([1, 100, COALESCE_BYTES - 1, COALESCE_BYTES,
+                                             3 * COALESCE_BYTES]) for i in range(40)]
+    a, b = socketlib.socketpair()
+    received = bytearray()
+    expected = b"".join(frames)
+
+    def read() -> None:
+        while len(received) < len(expected):
+            received.extend(b.recv(1 << 20))
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    send_frames(a, frames)
+    reader.join(10)
+    a.close()
+    b.close()
+    assert bytes(received) == expected
