@@ -72,6 +72,8 @@ class Subscriber:
         self.overflowed = False
         self.closed = False
         self.refusal: str | None = None
+        self.sending = False
+        """True while the writer holds frames taken but not yet written."""
         self.sent_frames = 0
         self._max_queue = max_queue
         self._on_overflow = on_overflow
@@ -136,10 +138,12 @@ class Subscriber:
             out = list(self._queue)
             self._queue.clear()
             self._bytes = 0
+            self.sending = bool(out)
             return out
 
     def drained(self) -> bool:
-        return not self._queue
+        """Nothing queued and nothing being written (the writer clears ``sending``)."""
+        return not self._queue and not self.sending
 
     def close(self) -> None:
         with self._cond:

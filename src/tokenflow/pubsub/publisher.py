@@ -119,6 +119,7 @@ class Publisher:
             if frames:
                 send_frames(sock, frames)
                 sub.sent_frames += len(frames)
+            sub.sending = False
             readable, _, _ = select.select([sock], [], [], 0)
             if readable:  # a subscriber sends nothing after FILTER: EOF, or a stray frame
                 if sock.recv(1, socket.MSG_PEEK):
@@ -139,8 +140,9 @@ class Publisher:
         deadline = clock.monotonic() + linger
         while clock.monotonic() < deadline and any(not s.drained() for s in self.log.subscribers):
             clock.sleep(0.01)
-        self.log.close()
-        clock.sleep(0.05)  # let the BYE frames go out
+        self.log.close()  # queues a BYE for each subscriber
+        while clock.monotonic() < deadline and self.endpoint.connections:
+            clock.sleep(0.01)  # each writer sends its BYE, then its connection ends
         self.endpoint.close()
 
 

@@ -57,6 +57,12 @@ class Endpoint:
         self._thread = threading.Thread(target=self._accept, name=f"tokenflow-{what}", daemon=True)
         self._thread.start()
 
+    @property
+    def connections(self) -> int:
+        """Connections being served now."""
+        with self._lock:
+            return len(self._connections)
+
     def refuse(self, peer: str, reason: str, sock: socket.socket | None = None) -> None:
         """Log one refusal (and tell the peer why, best effort)."""
         with self._lock:
