@@ -39,6 +39,8 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     confirmed,
     fmt_ms,
     fmt_rate,
+    header,
+    load_end,
     log,
     machine,
     output_dir,
@@ -56,7 +58,8 @@ SETUPS = [(1, "thread"), (2, "process")]
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    duration = 1.5 if quick else 2.5
+    started = machine()
+    duration = 1.5 if quick else 2.0
     lengths = [8, 64, 256] if quick else LENGTHS
     rows = []
     for q in QUANTA:
@@ -70,7 +73,7 @@ def measure(quick: bool) -> dict[str, Any]:
                     log(f"{quantum_label(q):>18} {workers}w {n:>4} ops {name:<13} "
                         f"p50 {fmt_ms(row['p50']):>6} p99.9 {fmt_ms(row['p999']):>6} "
                         f"max {fmt_ms(row['max']):>6} {row['dnf'] or ''}")
-    return {"machine": machine(), "quick": quick, "rows": rows, "lengths": lengths,
+    return {"machine": started, "load_end": load_end(), "quick": quick, "rows": rows, "lengths": lengths,
             "duration": duration}
 
 
@@ -101,7 +104,7 @@ def target(rows: list[dict[str, Any]], lengths: list[int]) -> list[str]:
 
 def report(data: dict[str, Any]) -> str:
     rows, lengths = data["rows"], data["lengths"]
-    lines = ["# Evaluation, Fig. 8: chains of idle operators", "", data["machine"], "",
+    lines = ["# Evaluation, Fig. 8: chains of idle operators", "", header(data), "",
              "The rolling word count gated by a chain of no-op operators that never receive a "
              "record (see `benchmarks/evaluation/chains.py`).  "
              f"{fmt_rate(RATE)} records/s per worker; 1 worker on the `thread` runtime, 2 "

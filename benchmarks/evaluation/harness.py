@@ -15,7 +15,12 @@ How it works here, on every worker (``drive``):
   is coarser (Python pays ~50-100 µs per worker step, so waking once per record at coarse
   quanta would measure the harness's wake-ups; a record can produce no output before its
   quantum closes anyway, and 1 ms batches keep the work spread over a coarse quantum).  Then the
-  input advances to the current quantum and the worker takes one step.  A record's *offer
+  input advances to the current quantum and the worker takes one step.  The loop sleeps until
+  the next record's period ends or, when records were sent in the current quantum, until that
+  quantum ends (to close it): the input's time moves when records need it to, not at every
+  turn of the loop (timely's harness advances it at every turn, which costs nothing in Rust;
+  here a step costs tens of µs, and a worker that spins advancing time through empty quanta
+  measures its own spinning).  A record's *offer
   time* is when it was due, not when the loop got round to it, so a system that falls behind
   pays for it in latency (no coordinated omission).
 - Record ``i`` carries the logical time ``offer - offer % quantum`` (the paper's timestamps
@@ -303,6 +308,7 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
     step = worker.step_or_park
     period = min(q, load.period_ns)
     next_offer = t0
+    last_ts = 0  # the time of the last record sent
     while True:
         now = clock()
         if now >= end:
@@ -317,15 +323,19 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
                 handle.advance_to(ts)
                 cur = ts
             send(make(sent, me, next_offer))
+            last_ts = ts
             sent += 1
             next_offer = t0 + int(sent * interval)
         ts = now - now % q
-        if ts > cur:
+        if last_ts >= cur and ts > cur:  # close the quantum of the records sent last
             handle.advance_to(ts)
             cur = ts
         else:
             handle.flush()
-        wake = min(next_offer - next_offer % period + period, cur + q)
+        # wake for the next record's period, or to close the quantum of records just sent
+        wake = next_offer - next_offer % period + period
+        if last_ts >= cur:
+            wake = min(wake, cur + q)
         step(max(0.0, min((wake - clock()) / NS, 0.002)))
         report.steps += 1
         frontier = probe.with_frontier()
@@ -412,9 +422,20 @@ def machine() -> str:
     load = os.getloadavg()
     return (f"Run {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC on {platform.machine()}, "
             f"{os.cpu_count()} cores (shared with other users' jobs; load average "
-            f"{load[0]:.1f} when the script started), Linux {platform.release()}, "
+            f"{load[0]:.1f} when the script started, {{load_end}} when it ended), "
+            f"Linux {platform.release()}, "
             f"Python {platform.python_version()}, numpy {numpy.__version__}, "
             f"pyarrow {pyarrow.__version__}.  {provenance()}")
+
+
+def header(data: dict[str, Any]) -> str:
+    """The ``machine()`` line of a result, with the load average at its end filled in."""
+    return str(data["machine"]).replace("{load_end}", f"{data.get('load_end', float('nan')):.1f}")
+
+
+def load_end() -> float:
+    """The 1-minute load average now (stored with a result when its runs are over)."""
+    return os.getloadavg()[0]
 
 
 def fmt_ms(value: float | None) -> str:

@@ -29,6 +29,8 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     confirmed,
     fmt_ms,
     fmt_rate,
+    header,
+    load_end,
     log,
     machine,
     output_dir,
@@ -47,7 +49,8 @@ RUNTIMES = ("thread", "process")
 
 
 def measure(quick: bool) -> dict[str, Any]:
-    duration = 1.5 if quick else 2.5
+    started = machine()
+    duration = 1.5 if quick else 2.0
     rows = []
     for runtime in RUNTIMES:
         for qname, q in QUANTA.items():
@@ -61,12 +64,12 @@ def measure(quick: bool) -> dict[str, Any]:
                     log(f"{runtime:<7} {qname:<6} {config:<18} {name:<13} "
                         f"p50 {fmt_ms(row['p50']):>6} p99.9 {fmt_ms(row['p999']):>6} "
                         f"max {fmt_ms(row['max']):>6} {row['dnf'] or ''}")
-    return {"machine": machine(), "quick": quick, "rows": rows, "duration": duration}
+    return {"machine": started, "load_end": load_end(), "quick": quick, "rows": rows, "duration": duration}
 
 
 def report(data: dict[str, Any]) -> str:
     rows = data["rows"]
-    lines = ["# Evaluation, Fig. 7: scaling", "", data["machine"], "",
+    lines = ["# Evaluation, Fig. 7: scaling", "", header(data), "",
              "The rolling word count of Fig. 6 at 1 and 2 workers.  **This machine has 2 cores, "
              "shared with other users' jobs**: 2 workers is all the scaling it can show, and on "
              "the `thread` runtime the two workers share one Python interpreter lock, so they "
