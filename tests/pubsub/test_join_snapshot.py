@@ -13,7 +13,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenflow.pubsub import Catalog, Epoch, Publisher, Snapshot, Subscription, wire
-from tokenflow.pubsub.catalog import request
 from tokenflow.pubsub.compaction import latest_per_key
 
 
@@ -29,10 +28,8 @@ def test_latest_per_key_is_pandas_last(rows: list[tuple[int, int, int]]) -> None
 
 def keyed_publishers(token: str, catalog: Catalog, retain: int) -> list[Publisher]:
     pubs = [Publisher("prices", p, 2, token, retain_bytes=retain, key=["k"]) for p in range(2)]
-    for p, pub in enumerate(pubs):
-        request(catalog.url, token, wire.REGISTER, {
-            "topic": "prices", "partition": p, "partitions": 2, "host": "127.0.0.1",
-            "port": pub.address[1], "time": "int", "schema": None})
+    for pub in pubs:
+        pub.register(catalog.url, "int")
         pub.advance([0])
     return pubs
 
@@ -85,9 +82,7 @@ def test_snapshot_of_a_stream_without_key_is_refused() -> None:
     token = wire.new_token()
     pub = Publisher("plain", 0, 1, token)
     with Catalog(token=token) as catalog:
-        request(catalog.url, token, wire.REGISTER, {
-            "topic": "plain", "partition": 0, "partitions": 1, "host": "127.0.0.1",
-            "port": pub.address[1], "time": "int", "schema": None})
+        pub.register(catalog.url, "int")
         pub.advance([5])
         sub = Subscription(catalog.url, "plain", token, start="snapshot")
         with pytest.raises(wire.ProtocolError, match="without a key"):

@@ -143,10 +143,8 @@ def test_product_times_across_partitions_and_resume_since() -> None:
     token = wire.new_token()
     pubs = [Publisher("grid", p, 2, token) for p in range(2)]
     with Catalog(token=token) as catalog:
-        for p, pub in enumerate(pubs):
-            request(catalog.url, token, wire.REGISTER, {
-                "topic": "grid", "partition": p, "partitions": 2, "host": "127.0.0.1",
-                "port": pub.address[1], "time": "product", "schema": None})
+        for pub in pubs:
+            pub.register(catalog.url, "product")
             pub.advance([Product(0, 0)])
         order = [Product(a, b) for a in range(3) for b in range(3)]
         sub = Subscription(catalog.url, "grid", token)
@@ -175,9 +173,7 @@ def test_slow_subscriber_is_disconnected_and_resumes_exactly_once() -> None:
     token = wire.new_token()
     pub = Publisher("slow", 0, 1, token, max_queue=20_000)
     with Catalog(token=token) as catalog:
-        request(catalog.url, token, wire.REGISTER, {
-            "topic": "slow", "partition": 0, "partitions": 1, "host": "127.0.0.1",
-            "port": pub.address[1], "time": "int", "schema": None})
+        pub.register(catalog.url, "int")
         pub.advance([0])
         sub = Subscription(catalog.url, "slow", token, buffer=1)
         batch = pa.RecordBatch.from_pydict({"x": list(range(1000))})
@@ -197,9 +193,7 @@ def test_wrong_token_refused_by_publisher() -> None:
     token = wire.new_token()
     pub = Publisher("t", 0, 1, token)
     with Catalog(token=token) as catalog:
-        request(catalog.url, token, wire.REGISTER, {
-            "topic": "t", "partition": 0, "partitions": 1, "host": "127.0.0.1",
-            "port": pub.address[1], "time": "int", "schema": None})
+        pub.register(catalog.url, "int")
         # the catalog needs its token too, so forge a direct connection to the publisher
         sub = Subscription.__new__(Subscription)
         sub.topic, sub._token, sub._timeout = "t", "wrong", 5.0

@@ -35,7 +35,11 @@ def tables() -> list[RoutingTable]:
     return out
 
 
-def job(schedule: dict[int, RoutingTable], strategy: str) -> Any:
+def job(schedule: dict[int, RoutingTable], strategy: str, pace: float = 0.0) -> Any:
+    """The running word count; worker 0 asks for ``schedule[e]`` before epoch ``e``; with
+    ``pace``, each epoch lasts that many seconds (steps in between)."""
+    import time
+
     def run(worker: Any) -> dict[str, Any]:
         def build(scope: Any) -> Any:
             inp, stream = scope.new_input()
@@ -53,6 +57,9 @@ def job(schedule: dict[int, RoutingTable], strategy: str) -> Any:
             inp.advance_to(e + 1)
             for _ in range(3):
                 worker.step()
+            deadline = time.monotonic() + pace
+            while time.monotonic() < deadline:
+                worker.step_or_park(0.005)
         inp.close()
         worker.step_until_done()
         return {"out": capture.by_time(), "moved": list(handle.moved),
@@ -158,33 +165,12 @@ def test_rescale_from_the_driver(runtime: str) -> None:
 
     from tokenflow.job import start
 
-    def paced(worker: Any) -> dict[str, Any]:
-        def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
-                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
-                                    initial=tables()[0])
-            return inp, handle, handle.stream.capture()
-
-        inp, handle, capture = worker.dataflow(build)
-        for e in range(EPOCHS):
-            for w in words(worker.index, e):
-                inp.send(w)
-            inp.advance_to(e + 1)
-            deadline = time.monotonic() + 0.05
-            while time.monotonic() < deadline:
-                worker.step_or_park(0.005)
-        inp.close()
-        worker.step_until_done()
-        return {"out": capture.by_time(), "moved": list(handle.moved),
-                "keys": sorted(handle.state.data)}
-
-    job = start(paced, workers=WORKERS, runtime=runtime, bins=BINS)
+    handle = start(job({}, "batched", pace=0.05), workers=WORKERS, runtime=runtime, bins=BINS)
     time.sleep(0.5)
-    steps = [job.rescale(3), job.rescale([0, 1, 2, 3], "fluid")]
+    steps = [handle.rescale(3), handle.rescale([0, 1, 2, 3], "fluid")]
     time.sleep(0.3)
-    steps.append(job.rescale([3], "all-at-once"))
-    results = job.result(timeout=120)
+    steps.append(handle.rescale([3], "all-at-once"))
+    results = handle.result(timeout=120)
     assert outputs(results) == oracle()
     assert steps[0] > 0 and steps[2] == 1
     assert [bool(r["keys"]) for r in results] == [False, False, False, True]

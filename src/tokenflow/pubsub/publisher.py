@@ -63,6 +63,7 @@ class Publisher:
                  max_queue: int = DEFAULT_MAX_QUEUE, key: list[str] | None = None) -> None:
         self.topic = topic
         self.partition = partition
+        self.partitions = partitions
         self.time_type: str | None = None
         self._token = token
         self.log = PartitionLog(retain_bytes, max_queue, self._overflow,
@@ -73,6 +74,19 @@ class Publisher:
                                  {"role": "publisher", "topic": topic, "partition": partition,
                                   "partitions": partitions}, self._handle, host, port)
         self.address = self.endpoint.address
+
+    def register(self, url: str, time_type: str | None = None,
+                 schema: list[list[str]] | None = None, host: str | None = None) -> None:
+        """Register this partition in the catalog at ``url`` (``time_type``: ``"int"``,
+        ``"product"`` or None while unknown; ``schema`` as ``[[name, type], ...]``), advertised
+        at ``host`` (default: the address this process reaches the catalog from).
+
+        Raises:
+            wire.AuthenticationError / wire.ProtocolError / OSError: see ``catalog.request``.
+        """
+        request(url, self._token, wire.REGISTER, lambda local: {
+            "topic": self.topic, "partition": self.partition, "partitions": self.partitions,
+            "host": host or local, "port": self.address[1], "time": time_type, "schema": schema})
 
     def _overflow(self, sub: Subscriber) -> None:
         self.disconnected += 1
@@ -242,10 +256,7 @@ def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
     schema: list[pa.Schema] = []
 
     def register(time_type: str | None, fields: list[list[str]] | None) -> None:
-        request(url, token, wire.REGISTER, lambda local: {
-            "topic": topic, "partition": index, "partitions": peers,
-            "host": host or local, "port": publisher.address[1], "time": time_type,
-            "schema": fields})
+        publisher.register(url, time_type, fields, host)
 
     register(None, None)
     finished = False

@@ -6,8 +6,8 @@
 See docs/ARCHITECTURE.md ("Elasticity").
 """
 
+from tokenflow.dataflow.operators.stateful import REMOVE
 from tokenflow.rescale.megaphone import (
-    REMOVE,
     STRATEGIES,
     Controller,
     MegaphoneHandle,

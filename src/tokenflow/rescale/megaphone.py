@@ -42,6 +42,7 @@ import numpy as np
 
 from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
+from tokenflow.dataflow.operators.stateful import fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
 from tokenflow.dataflow.state import KeyedState, key_bins
 from tokenflow.state.bins import RoutingTable
@@ -54,8 +55,6 @@ STRATEGIES = ("all-at-once", "fluid", "batched")
 BATCH_BINS = 64
 """Bins per batch of the ``batched`` strategy."""
 
-REMOVE = object()
-"""Returned as the new value by a fold to forget the key."""
 
 
 @dataclass(frozen=True)
@@ -408,15 +407,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
                     shared.state.load(tables)
                 with out.session(token) as session:
                     for part in parts:
-                        for record in part:
-                            k = get_key(record)
-                            v = record[1] if key is None else record
-                            new, emitted = fold(k, v, data.get(k))
-                            if new is REMOVE:
-                                data.pop(k, None)
-                            else:
-                                data[k] = new
-                            session.give_iterator(emitted)
+                        fold_records(part, data, fold, get_key, key is not None, session)
                 token.drop()
             shared.applied = frontier.frontier()
             shared.activate_router()

@@ -207,6 +207,22 @@ REMOVE = object()
 """Returned as the new value by a ``state_machine`` fold to forget the key."""
 
 
+def fold_records(records: Iterable[Any], data: dict[Any, Any],
+                 fold: Callable[[Any, Any, Any], tuple[Any, Iterable[Any]]],
+                 get_key: Key, whole: bool, session: Session) -> None:
+    """Apply a ``state_machine`` fold to ``records`` in order: ``fold(key, value, current)``
+    with ``value`` the record itself when ``whole``, else ``record[1]``; the new value replaces
+    the key's (``REMOVE`` forgets it) and the outputs go to ``session``."""
+    for record in records:
+        k = get_key(record)
+        new, outputs = fold(k, record if whole else record[1], data.get(k))
+        if new is REMOVE:
+            data.pop(k, None)
+        else:
+            data[k] = new
+        session.give_iterator(outputs)
+
+
 def state_machine(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, Iterable[Any]]],
                   key: Key | None = None, name: str = "StateMachine",
                   state: KeyedState[Any, Any] | None = None) -> Stream:
@@ -225,16 +241,7 @@ def state_machine(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, Ite
     get_key = key if key is not None else (lambda r: r[0])
 
     def logic(t: Any, records: list[Any], values: KeyedState[Any, Any], session: Session) -> None:
-        data = values.data
-        for record in records:
-            k = get_key(record)
-            v = record[1] if key is None else record
-            new, outputs = fold(k, v, data.get(k))
-            if new is REMOVE:
-                data.pop(k, None)
-            else:
-                data[k] = new
-            session.give_iterator(outputs)
+        fold_records(records, values.data, fold, get_key, key is not None, session)
 
     return _stateful(name, [stream], [get_key], [None], logic, state)
 
