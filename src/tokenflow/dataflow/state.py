@@ -198,6 +198,16 @@ class KeyedState(BinnedState, MutableMapping[K, V]):
             for k in keys:
                 del self.data[k]
 
+    def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:
+        """``export(bins)`` then ``discard(bins)``, hashing the keys once."""
+        data = self.data
+        out = {}
+        for b, keys in self._grouped(bins).items():
+            out[b] = pickled({k: data[k] for k in keys})
+            for k in keys:
+                del data[k]
+        return out
+
     def pending_times(self) -> list[Any]:
         if self._times is None:
             return []

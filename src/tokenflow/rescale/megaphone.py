@@ -44,7 +44,7 @@ from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.operators.stateful import fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
-from tokenflow.dataflow.state import KeyedState, key_bins
+from tokenflow.dataflow.state import KeyedState, key_bins, pickled
 from tokenflow.state.bins import RoutingTable
 
 if TYPE_CHECKING:
@@ -192,7 +192,7 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
                 return
             elif min(frontier) + lead > token.time:
                 token.downgrade(min(frontier) + lead)
-            info.activate()  # follow the data frontier
+            # the router activates this source when the data frontier moves
 
         return logic
 
@@ -290,6 +290,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     get_key = key if key is not None else (lambda r: r[0])
     shared = _Shared(KeyedState())
     shared.state.attach(table.bins, -1)
+    pickled({})  # pyarrow imports pandas on its first table: not in the first migration step
     data_frontier: list[Any] = [[0]]
 
     control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
@@ -351,7 +352,10 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
                     token, records = waiting.pop(t)
                     route(t, token, records)
                     token.drop()
-            data_frontier[0] = data_in.frontier.frontier()
+            now = data_in.frontier.frontier()
+            if now != data_frontier[0]:
+                data_frontier[0] = now
+                controller.activate()  # the control source follows the data frontier
             # versions no record can use any more: none may still arrive, none waits here
             low = min([*data_frontier[0], *waiting], default=None)
             if low is not None and len(versions) > 1:
@@ -363,9 +367,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
                 t, token, moves = entry
                 if applied and min(applied) < t:
                     continue  # S has not applied every record before t yet
-                moved = [m.bin for m in moves]
-                parts = shared.state.export(moved)
-                shared.state.discard(moved)
+                parts = shared.state.take([m.bin for m in moves])
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 for m in moves:
                     if m.bin in parts:
