@@ -67,8 +67,11 @@ def sweep(quick: bool) -> dict[str, Any]:
                     f"{row['dnf'] or ''}")
     ladder: list[dict[str, Any]] = []
     rates = LADDER[1:6:2] if quick else LADDER
-    for name, build in MECHANISMS.items():
-        for rate in rates:
+    failed: set[str] = set()
+    for rate in rates:  # the mechanisms side by side at each rate, until each has failed
+        for name, build in MECHANISMS.items():
+            if name in failed:
+                continue
             row = confirmed(lambda build=build, rate=rate, name=name: run_wordcount(
                 build, Load(rate, FINEST, duration=duration),
                 params={"mechanism": name, "load": rate}).row())
@@ -76,7 +79,9 @@ def sweep(quick: bool) -> dict[str, Any]:
             log(f"ladder {name:<13} {rate:>7,}/s p50 {fmt_ms(row['p50']):>6} "
                 f"p99.9 {fmt_ms(row['p999']):>6} {row['dnf'] or ''}")
             if row["dnf"]:  # confirmed: it failed twice in a row
-                break
+                failed.add(name)
+        if len(failed) == len(MECHANISMS):
+            break
     return {"machine": started, "load_end": load_end(), "quick": quick, "loads": [LOW, HIGH],
             "quanta": quanta, "rows": rows, "ladder": ladder, "duration": duration}
 

@@ -6,8 +6,10 @@ version's on the same 50,000 events (2 workers, closed loop); then each runs ope
 rising offered rates until it does not finish, 2 workers on the ``process`` runtime.
 
 Open loop (``drive_events``): events come from the NEXMark generator at the offered rate
-(``GeneratorConfig(rate=r)``, so event time advances one ms per ms of offering); the event
-numbers are dealt to the workers in blocks of about 10 ms of event time.  At the end of each wall-clock ms
+(``GeneratorConfig(rate=r)``, so event time advances one ms per ms of offering; the generator
+spaces events by whole µs, so rates above 1,000,000 events/s replay 1,000,000 events/s of event
+time faster than the clock: two logical ms per ms at 2,000,000); the event numbers are dealt to
+the workers in blocks of about 10 ms of event time.  At the end of each wall-clock ms
 the events of that event-time ms are sent (one message per kind, at that ms) and the inputs
 advance past it, so logical time ``m`` is *closed* at ``t0 + (m - base + 1)`` ms.  Only the
 columns the queries read are generated into the batches.  The latency of logical time ``m`` is
@@ -63,7 +65,12 @@ from tokenflow.nexmark.queries.coordination import BUILDERS, MECHANISMS  # noqa:
 from tokenflow.spark.io import collect  # noqa: E402
 
 QUERIES = ("q4", "q7")
-RATES = [25_000, 50_000, 100_000, 200_000, 400_000, 800_000, 1_600_000]
+RATES = [25_000, 100_000, 250_000, 500_000, 1_000_000, 2_000_000, 4_000_000]
+MAX_EVENTS = 5_000_000
+"""Events per run at most (generation time and memory): faster runs are shorter (>= 1 s)."""
+GENERATOR_MAX = 1_000_000
+"""The generator spaces events by whole µs (Beam's ``rateToPeriodUs``): above 1,000,000 events/s
+event time runs at 1,000,000 events/s and the harness offers it faster (``speed``)."""
 WORKERS = 2
 RUNTIME = "process"
 COLUMNS = {"auction": ["id", "category", "reserve", "dateTime", "expires"],
@@ -115,12 +122,16 @@ def worker_events(rate: int, duration: float, worker: int, peers: int
 
     The event numbers are cut into blocks of about 10 ms of event time, dealt to the workers
     round-robin (``worker_blocks``), so each worker generates only its own events."""
-    config = GeneratorConfig(rate=rate)
+    generator_rate = min(rate, GENERATOR_MAX)
+    if 1_000_000 % generator_rate:
+        raise ValueError(f"{rate} events/s: the generator needs a whole number of µs per event")
+    speed = rate / generator_rate
+    config = GeneratorConfig(rate=generator_rate)
     n = int(rate * (duration + 0.5))
     parts = [generate(first, count, config)
              for first, count in worker_blocks(worker, peers, n, max(1_000, rate // 100))]
     base = config.base_time_ms
-    span = int(duration * 1000) + 501
+    span = int(duration * 1000 * speed) + 501
     rows: dict[str, pa.RecordBatch] = {}
     offsets: dict[str, np.ndarray] = {}
     for kind, columns in COLUMNS.items():
@@ -135,7 +146,10 @@ def worker_events(rate: int, duration: float, worker: int, peers: int
 def drive_events(worker: Any, handles: dict[str, Any], probe: Any, load: Load,
                  events: tuple[int, dict[str, pa.RecordBatch], dict[str, np.ndarray]]
                  ) -> WorkerReport:
-    """Offer the events open-loop (see the module notes) and record per-time latency."""
+    """Offer the events open-loop (see the module notes) and record per-time latency.
+
+    Event time runs ``speed = rate / min(rate, GENERATOR_MAX)`` times faster than the clock:
+    logical time ``m`` closes at ``t0 + (m - base + 1) / speed`` ms."""
     base, rows, offsets = events
     report = WorkerReport(worker.index)
     hist = Histogram()
@@ -148,14 +162,16 @@ def drive_events(worker: Any, handles: dict[str, Any], probe: Any, load: Load,
         h.advance_to(base)
     t0 = agree_start(worker)  # event time m closes at t0 + (m - base + 1) ms on every worker
     cpu0 = time.thread_time()
-    since = base + int(load.warmup * 1000)
+    speed = load.rate / min(load.rate, GENERATOR_MAX)
+    ms_ns = 1_000_000 / speed  # clock ns per ms of event time
+    since = base + int(load.warmup * 1000 * speed)
     end = t0 + int(load.duration * NS)
     closed = base  # every time < closed has been sent and closed
     done = base  # every time < done has its latency recorded
-    last = int(load.duration * 1000)
+    last = int(load.duration * 1000 * speed)
 
     def close_ns(m: int) -> int:
-        return t0 + (m - base + 1) * 1_000_000
+        return t0 + int((m - base + 1) * ms_ns)
 
     def observe(now: int, low: int) -> None:
         nonlocal done
@@ -171,7 +187,7 @@ def drive_events(worker: Any, handles: dict[str, Any], probe: Any, load: Load,
         now = clock()
         if now >= end:
             break
-        due = min(base + (now - t0) // 1_000_000, base + last)
+        due = min(base + int((now - t0) / ms_ns), base + last)
         if due > closed:
             report.behind_ns = max(report.behind_ns, now - close_ns(closed))
         if closed < due:
@@ -229,7 +245,8 @@ def run(query: str, mechanism: str, load: Load) -> dict[str, Any]:
 
     reports = execute(job, workers=WORKERS, runtime=RUNTIME,
                       timeout=load.duration + load.drain_limit + 120)
-    return merge({"query": query, "mechanism": mechanism, "rate": rate}, reports).row()
+    return merge({"query": query, "mechanism": mechanism, "rate": rate,
+                  "duration": load.duration}, reports).row()
 
 
 def measure(quick: bool) -> dict[str, Any]:
@@ -246,8 +263,9 @@ def measure(quick: bool) -> dict[str, Any]:
                     rows.append({"query": query, "mechanism": mechanism, "rate": rate,
                                  "dnf": "not run: DNF at a lower rate", "skipped": True})
                     continue
-                row = confirmed(lambda q=query, m=mechanism, r=rate: run(
-                    q, m, Load(r, 1_000_000, duration=duration)))
+                seconds = min(duration, max(1.0, MAX_EVENTS / rate - 0.5))
+                row = confirmed(lambda q=query, m=mechanism, r=rate, d=seconds: run(
+                    q, m, Load(r, 1_000_000, duration=d)))
                 rows.append(row)
                 log(f"{query} {rate:>8,}/s {mechanism:<13} p50 {fmt_ms(row['p50']):>6} "
                     f"p99.9 {fmt_ms(row['p999']):>6} max {fmt_ms(row['max']):>6} "
@@ -271,7 +289,9 @@ def report(data: dict[str, Any]) -> str:
              "advancing 1 ms per ms), one logical time per ms; latency of a logical time from the "
              "moment the input closed it to the moment the query's output frontier passed it "
              "(p50 / p99.9 / max, ms); DNF: above 1 s.  "
-             f"{data['duration']:.1f} s per run (0.5 s warm-up); at each rate the three "
+             f"{data['duration']:.1f} s per run (shorter above {fmt_rate(MAX_EVENTS / 2.5)} "
+             f"events/s: at most {fmt_rate(MAX_EVENTS)} events, at least 1 s; 0.5 s warm-up); "
+             "at each rate the three "
              "mechanisms run one after the other; one run on a shared machine.", "",
              "Outputs checked before measuring (closed loop, 2 workers, the same events for "
              "every variant; rows and their logical times compared exactly):", ""]
