@@ -4,6 +4,7 @@ better coordination primitive for data-processing systems*, 2022, §7) reproduce
 Run each script as a module from the repository root (``make evaluation`` runs them all):
 
 - ``python -m benchmarks.evaluation.granularity``  Fig. 6: timestamp granularity sweep
+- ``python -m benchmarks.evaluation.overhead``     what a timestamp costs, closed loop (why Fig. 6)
 - ``python -m benchmarks.evaluation.scaling``      Fig. 7: 1 and 2 workers, thread and process
 - ``python -m benchmarks.evaluation.chains``       Fig. 8: chains of idle operators
 - ``python -m benchmarks.evaluation.nexmark``      §7.4: NEXMark Q4 and Q7 until DNF

@@ -128,15 +128,9 @@ def report(data: dict[str, Any]) -> str:
     lines += ["## One timestamp per record (quantum 2^10 ns): offered rate until DNF", ""]
     body = []
     for r in sorted(data["ladder"], key=lambda r: (r["mechanism"], r["load"])):
-        body.append([r["mechanism"], fmt_rate(r["load"]), cell(r),
-                     f"{r['cpu_us']:.1f}" if r["cpu_us"] else "", r["dnf"] or ""])
-    lines += [table(["mechanism", "offered records/s", "p50 / p99.9 / max (ms)",
-                     "worker CPU µs per record", "why DNF"], body, "lrrrl"), "", RETRY_NOTE,
-              "",
-              "*Worker CPU µs per record*: CPU time of the worker thread while offering, per "
-              "record offered.  Near saturation it is the cost of a record; at low rates it "
-              "also counts the steps the worker takes between records (the open loop steps the "
-              "worker at every period).", ""]
+        body.append([r["mechanism"], fmt_rate(r["load"]), cell(r), r["dnf"] or ""])
+    lines += [table(["mechanism", "offered records/s", "p50 / p99.9 / max (ms)", "why DNF"],
+                    body, "lrrl"), "", RETRY_NOTE, ""]
     lines += [table(["mechanism", "highest rate sustained (records/s)", "first DNF at"],
                     [[m, fmt_rate(v["sustained"]) if v["sustained"] else "none",
                       fmt_rate(v["dnf_at"]) if v["dnf_at"] else "none in the ladder"]
