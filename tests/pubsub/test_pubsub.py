@@ -270,3 +270,27 @@ def test_send_frames_keeps_order_across_small_and_large_frames() -> None:
     a.close()
     b.close()
     assert bytes(received) == expected
+
+
+def test_a_paused_reader_is_not_dropped_by_a_socket_timeout(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A subscriber that stops reading for many write-polling periods stays connected while
+    its queue is within ``max_queue``: only the queue bound disconnects (counted, logged)."""
+    from tokenflow.pubsub import publisher as publisher_module
+
+    monkeypatch.setattr(publisher_module, "WRITE_POLL", 0.1)
+    token = wire.new_token()
+    pub = Publisher("paused", 0, 1, token, max_queue=1 << 30)
+    with Catalog(token=token) as catalog:
+        pub.register(catalog.url, "int")
+        pub.advance([0])
+        sub = Subscription(catalog.url, "paused", token, buffer=1)
+        batch = pa.RecordBatch.from_pydict({"x": list(range(250_000))})  # 2 MB a frame
+        for e in range(20):
+            pub.data(e, batch)
+            pub.advance([e + 1])
+        pub.advance([])
+        time.sleep(1.5)  # the reader holds one event, its socket fills: writes block
+        epochs = sub.epochs()
+        pub.finish(linger=5)
+    assert [e.time for e in epochs] == list(range(20))
+    assert sub.reconnects == 0 and pub.disconnected == 0

@@ -26,6 +26,7 @@ import select
 import socket
 import threading
 import time as clock
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -116,7 +117,7 @@ class Publisher:
                 self.log.start(sub, mark, filt, None if at is None else wire.decode_antichain(at))
             except ResumeRefused as exc:
                 raise wire.ProtocolError(f"cannot resume: {exc}") from None
-            sock.settimeout(10.0)
+            sock.settimeout(WRITE_POLL)
             self._pump(sock, sub, peer)
         finally:
             self.log.leave(sub)
@@ -131,7 +132,7 @@ class Publisher:
                     sock.shutdown(socket.SHUT_RDWR)
                 return
             if frames:
-                send_frames(sock, frames)
+                send_frames(sock, frames, lambda: sub.overflowed)
                 sub.sent_frames += len(frames)
             sub.sending = False
             readable, _, _ = select.select([sock], [], [], 0)
@@ -162,27 +163,48 @@ class Publisher:
 
 COALESCE_BYTES = 64 * 1024
 """Frames smaller than this are joined into one write; larger ones are written as they are."""
+WRITE_POLL = 1.0
+"""Seconds a blocked write waits before it checks whether its subscriber was disconnected: a
+subscriber that stops reading is dropped by its queue bound (``max_queue``), counted and
+logged, never by a socket timeout."""
 
 
-def send_frames(sock: socket.socket, frames: list[bytes]) -> None:
+def _write(sock: socket.socket, data: bytes, give_up: Callable[[], bool]) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[sock.send(view):]
+        except TimeoutError:
+            if give_up():
+                raise ConnectionError("subscriber disconnected while a write was blocked") from None
+
+
+def send_frames(sock: socket.socket, frames: list[bytes],
+                give_up: Callable[[], bool] = lambda: False) -> None:
     """Write ``frames`` in order: small ones joined (fewer system calls), large ones directly
-    (joining copies the bytes while holding the GIL, which the worker's thread then waits for)."""
+    (no copy of a large backlog).  A write blocked by a full socket buffer keeps waiting
+    (``sock``'s timeout is a polling period) until ``give_up()`` says the subscriber was
+    disconnected.
+
+    Raises:
+        ConnectionError / OSError: the connection failed, or ``give_up()``.
+    """
     small: list[bytes] = []
     size = 0
     for frame in frames:
         if len(frame) >= COALESCE_BYTES:
             if small:
-                sock.sendall(b"".join(small))
+                _write(sock, b"".join(small), give_up)
                 small, size = [], 0
-            sock.sendall(frame)
+            _write(sock, frame, give_up)
             continue
         small.append(frame)
         size += len(frame)
         if size >= COALESCE_BYTES:
-            sock.sendall(b"".join(small))
+            _write(sock, b"".join(small), give_up)
             small, size = [], 0
     if small:
-        sock.sendall(b"".join(small))
+        _write(sock, b"".join(small), give_up)
 
 
 def _record_batches(batch: Any, columns: list[str] | None) -> list[pa.RecordBatch]:
