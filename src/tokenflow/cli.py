@@ -1465,7 +1465,8 @@ def _demo_pubsub(out: Console, err: Console, workers: int, master: str, events: 
             stderr=subprocess.STDOUT, text=True)
         outcome = _live(lambda: run_query(PUBSUB_QUERY, events, rate=rate, workers=workers,
                                           runtime="spark", master=master, report_to=endpoint,
-                                          publish=PUBSUB_QUERY, catalog=catalog.endpoint),
+                                          publish=PUBSUB_QUERY, catalog=catalog.endpoint,
+                                          subscribers=2),
                         workers, "spark", coordinator, err, quiet)
         result = _raise_outcome(outcome)
         reader.join(60)

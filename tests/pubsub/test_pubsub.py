@@ -239,7 +239,7 @@ def test_published_nexmark_query_equals_its_output() -> None:
         thread = threading.Thread(target=reader)
         thread.start()
         result = run_query("q5", 60_000, workers=2, runtime="thread", publish="q5",
-                           catalog=catalog.endpoint)
+                           catalog=catalog.endpoint, subscribers=1)
         thread.join(30)
     rows = sorted(tuple(r.values()) for e in got for r in e.batch.to_pylist())
     assert rows == sorted(result.rows.itertuples(index=False, name=None))

@@ -135,7 +135,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               input: str | os.PathLike[str] | None = None, routing: str = "bins",
               checkpoint: str | os.PathLike[str] | None = None, checkpoint_interval: float = 1.0,
               resume: bool = False, publish: str | None = None,
-              catalog: tuple[str, int, str] | None = None) -> QueryResult:
+              catalog: tuple[str, int, str] | None = None, subscribers: int = 0) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -173,7 +173,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             driver died); without it that directory must hold no checkpoint.
         publish: a topic: the query output is published under it (``tokenflow.pubsub``; one
             partition per worker, columns ``COLUMNS``, epochs of ``granularity_ms``) in the
-            catalog ``catalog`` (``(host, port, token)``, e.g. ``Catalog().endpoint``).
+            catalog ``catalog`` (``(host, port, token)``, e.g. ``Catalog().endpoint``); with
+            ``subscribers``, the publishers stay open (up to 120 s) after the query ends
+            until that many subscribers have joined and received everything.
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -246,7 +248,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 to_parquet(out, directory, columns=columns, name=f"{name}.Parquet",
                            granularity=granularity_ms, partition="epoch")
             if publish is not None:
-                out.publish(publish, columns=columns)
+                out.publish(publish, columns=columns, expect=subscribers,
+                            linger=120.0 if subscribers else 5.0)
             return handles, out.probe(f"{name}.Probe"), collect(out, f"{name}.Collect")
 
         handles, probe, captured = worker.dataflow(build, name=f"nexmark-{name}")

@@ -183,6 +183,8 @@ class PartitionLog:
         self._joining = 0
         self.frames = 0
         self.closed = False
+        self.started = 0
+        """Subscribers that completed their join (``start``) so far."""
         self.time_kind: str | None = None
         """``"int"`` or ``"product"`` once a time was seen (``wire.time_kind``)."""
 
@@ -316,6 +318,7 @@ class PartitionLog:
                     if time is None or filt.passes(time):
                         sub._put(frame)
                 sub.filter = filt
+                self.started += 1
                 if self.lower is not None:
                     filt.relax(self.lower)
             except BaseException:

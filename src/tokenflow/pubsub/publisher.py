@@ -150,10 +150,12 @@ class Publisher:
         """The published stream's frontier is now ``frontier``."""
         self.log.advance(frontier)
 
-    def finish(self, linger: float = LINGER) -> None:
-        """Wait up to ``linger`` s for subscribers to receive what is queued, then close."""
+    def finish(self, linger: float = LINGER, expect: int = 0) -> None:
+        """Wait up to ``linger`` s for subscribers to receive what is queued (and, with
+        ``expect``, for that many subscribers to have joined at all), then close."""
         deadline = clock.monotonic() + linger
-        while clock.monotonic() < deadline and any(not s.drained() for s in self.log.subscribers):
+        while clock.monotonic() < deadline and (self.log.started < expect or any(
+                not s.drained() for s in self.log.subscribers)):
             clock.sleep(0.01)
         self.log.close()  # queues a BYE for each subscriber
         while clock.monotonic() < deadline and self.endpoint.connections:
@@ -232,7 +234,7 @@ def _record_batches(batch: Any, columns: list[str] | None) -> list[pa.RecordBatc
 def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
             catalog: tuple[str, int, str] | None = None, host: str | None = None,
             retain_bytes: int = DEFAULT_RETAIN, max_queue: int = DEFAULT_MAX_QUEUE,
-            linger: float = LINGER, key: list[str] | None = None,
+            linger: float = LINGER, expect: int = 0, key: list[str] | None = None,
             name: str | None = None) -> Publisher:
     """Publish ``stream`` as ``topic``: this worker serves its partition (partition = worker
     index of ``peers``) and registers it in the job's catalog.
@@ -249,6 +251,9 @@ def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
         retain_bytes: bytes of complete epochs kept for late joiners and reconnects.
         max_queue: bytes queued for one subscriber before it is disconnected as too slow.
         linger: seconds the finished stream's publisher waits for subscribers to drain.
+        expect: subscribers the finished stream's publisher waits for to join (within
+            ``linger``) before it closes, so that ones known to come late (``start="earliest"``)
+            still get the retained stream.
         key: the key columns of an upsert stream (each row replaces the key's earlier row):
             subscribers may then join with ``start="snapshot"``, receiving the latest row per
             key as of the frontier every partition has passed, then every later epoch.
@@ -305,7 +310,7 @@ def publish(stream: Stream, topic: str, *, columns: list[str] | None = None,
         publisher.advance(frontier)
         if not frontier and not finished:
             finished = True
-            publisher.finish(linger)
+            publisher.finish(linger, expect)
 
     sink(stream, "pipeline", op, logic)
     return publisher
