@@ -33,11 +33,13 @@ def expected(workers: int) -> dict[int, Counter[tuple[int, int, int]]]:
     return out
 
 
-def publishing_job(pace: float) -> Any:
+def publishing_job(pace: float, expect: int = 1) -> Any:
+    """Publishes ``rows`` as topic ``rows``, an epoch every ``pace`` s; the finished stream
+    stays served until ``expect`` subscribers have joined and drained (up to 30 s)."""
     def job(worker: Any) -> None:
         def build(scope: Any) -> Any:
             inp, stream = scope.new_input()
-            stream.publish("rows", linger=10.0)
+            stream.publish("rows", linger=30.0, expect=expect)
             return inp
 
         inp = worker.dataflow(build)
@@ -91,7 +93,8 @@ def run_with_subscribers(runtime: str, workers: int) -> tuple[list[Any], list[An
         threads = [threading.Thread(target=early), threading.Thread(target=late)]
         for t in threads:
             t.start()
-        execute(publishing_job(0.02), workers=workers, runtime=runtime, catalog=catalog.endpoint)
+        execute(publishing_job(0.02, expect=2), workers=workers, runtime=runtime,
+                catalog=catalog.endpoint)
         for t in threads:
             t.join(30)
     for r in results:
