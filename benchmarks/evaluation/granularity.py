@@ -13,8 +13,6 @@ quanta and shorter runs (a smoke test, not for the record).
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -34,8 +32,8 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     load_end,
     log,
     machine,
-    output_dir,
     quantum_label,
+    run_script,
     run_wordcount,
     table,
 )
@@ -184,23 +182,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--load", type=Path, help="rewrite the report from a saved JSON")
-    parser.add_argument("--out", type=Path, help="output directory (default: "
-                        "benchmarks/results; with --quick a temporary directory)")
-    args = parser.parse_args()
-    if args.load:
-        data = json.loads(args.load.read_text())
-    else:
-        data = sweep(args.quick)
-    args.out = output_dir(args.out, data["quick"])
-    stem = "evaluation_granularity"
-    if not args.load:
-        (args.out / f"{stem}.json").write_text(json.dumps(data, indent=1))
-    (args.out / f"{stem}.md").write_text(report(data))
-    plot(data, args.out / f"{stem}.png")
-    log(f"wrote {args.out / stem}.md")
+    run_script("evaluation_granularity", __doc__, sweep, report, plot)
 
 
 if __name__ == "__main__":

@@ -44,7 +44,9 @@ How it works here, on every worker (``drive``):
 
 from __future__ import annotations
 
+import argparse
 import datetime
+import json
 import math
 import os
 import platform
@@ -497,6 +499,27 @@ def output_dir(out: Path | None, quick: bool) -> Path:
         out = Path(tempfile.gettempdir()) / "tokenflow-evaluation-quick" if quick else RESULTS
     out.mkdir(parents=True, exist_ok=True)
     return out
+
+
+def run_script(stem: str, doc: str | None, measure: Callable[[bool], dict[str, Any]],
+               report: Callable[[dict[str, Any]], str],
+               plot: Callable[[dict[str, Any], Path], None]) -> None:
+    """The command line every evaluation script shares: ``--quick``, ``--load JSON`` (rewrite
+    the report and plot from saved measurements) and ``--out DIR``; writes ``stem`` + ``.json``
+    (when measured), ``.md`` and ``.png``."""
+    parser = argparse.ArgumentParser(description=doc)
+    parser.add_argument("--quick", action="store_true", help="a short smoke run")
+    parser.add_argument("--load", type=Path, help="rewrite the report from a saved JSON")
+    parser.add_argument("--out", type=Path, help="output directory (default: "
+                        "benchmarks/results; with --quick a temporary directory)")
+    args = parser.parse_args()
+    data = json.loads(args.load.read_text()) if args.load else measure(args.quick)
+    out = output_dir(args.out, data["quick"])
+    if not args.load:
+        (out / f"{stem}.json").write_text(json.dumps(data, indent=1))
+    (out / f"{stem}.md").write_text(report(data))
+    plot(data, out / f"{stem}.png")
+    log(f"wrote {out / stem}.md")
 
 
 def log(message: str) -> None:

@@ -18,8 +18,6 @@ a temporary directory.
 
 from __future__ import annotations
 
-import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -37,7 +35,7 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     load_end,
     log,
     machine,
-    output_dir,
+    run_script,
     table,
 )
 from benchmarks.evaluation.wordcount import MECHANISMS, _noop, word  # noqa: E402
@@ -179,19 +177,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--load", type=Path, help="rewrite the report from a saved JSON")
-    parser.add_argument("--out", type=Path, help="output directory (default: "
-                        "benchmarks/results; with --quick a temporary directory)")
-    args = parser.parse_args()
-    data = json.loads(args.load.read_text()) if args.load else measure(args.quick)
-    out = output_dir(args.out, data["quick"])
-    if not args.load:
-        (out / "evaluation_overhead.json").write_text(json.dumps(data, indent=1))
-    (out / "evaluation_overhead.md").write_text(report(data))
-    plot(data, out / "evaluation_overhead.png")
-    log(f"wrote {out / 'evaluation_overhead.md'}")
+    run_script("evaluation_overhead", __doc__, measure, report, plot)
 
 
 if __name__ == "__main__":

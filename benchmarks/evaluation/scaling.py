@@ -12,8 +12,6 @@ temporary directory.
 
 from __future__ import annotations
 
-import argparse
-import json
 from pathlib import Path
 from typing import Any
 
@@ -33,8 +31,8 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     load_end,
     log,
     machine,
-    output_dir,
     quantum_label,
+    run_script,
     run_wordcount,
     table,
 )
@@ -130,19 +128,7 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--quick", action="store_true", help="a short smoke run")
-    parser.add_argument("--load", type=Path, help="rewrite the report from a saved JSON")
-    parser.add_argument("--out", type=Path, help="output directory (default: "
-                        "benchmarks/results; with --quick a temporary directory)")
-    args = parser.parse_args()
-    data = json.loads(args.load.read_text()) if args.load else measure(args.quick)
-    out = output_dir(args.out, data["quick"])
-    if not args.load:
-        (out / "evaluation_scaling.json").write_text(json.dumps(data, indent=1))
-    (out / "evaluation_scaling.md").write_text(report(data))
-    plot(data, out / "evaluation_scaling.png")
-    log(f"wrote {out / 'evaluation_scaling.md'}")
+    run_script("evaluation_scaling", __doc__, measure, report, plot)
 
 
 if __name__ == "__main__":
