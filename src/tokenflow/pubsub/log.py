@@ -213,7 +213,7 @@ class PartitionLog:
         """The stream's frontier is now ``frontier``; sends the changes as a LOWER frame."""
         with self._lock:
             old = self.lower or []
-            if self.lower is not None and sorted(map(repr, old)) == sorted(map(repr, frontier)):
+            if self.lower is not None and set(old) == set(frontier):
                 return
             updates = [[wire.encode_time(t), -1] for t in old if t not in frontier] + \
                       [[wire.encode_time(t), 1] for t in frontier if t not in old]
