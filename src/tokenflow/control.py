@@ -61,6 +61,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tokenflow.membership import COMMANDS as MEMBERSHIP_COMMANDS
+from tokenflow.membership import MembershipAgent
 from tokenflow.state.bins import RoutingTable
 from tokenflow.state.snapshot import SnapshotError, WorkerPart, commit_snapshot, write_worker_part
 
@@ -193,6 +195,8 @@ class ControlAgent:
     def __init__(self, link: Link, wait: float = 120.0) -> None:
         self.link = link
         self.wait = wait
+        self.membership = MembershipAgent(link)
+        """Carries out workers joining and leaving (``tokenflow.membership``)."""
         self.pause_epoch: int | None = None
         self.announced = False  # told the driver that every source holds at the pause
         self.draining = False  # the driver asked for idle reports
@@ -205,6 +209,7 @@ class ControlAgent:
         message: dict[str, Any] | None = self.link.poll(0.0)
         while message is not None:
             message = self._handle(worker, message)
+        self.membership.poll(worker)
         if self.pause_epoch is None:
             return
         if not self.announced and self._paused(worker):
@@ -318,6 +323,8 @@ class ControlAgent:
             steps = sum(r.rescale_roster(roster, strategy) for r in worker.rescalers)
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
+        elif kind in MEMBERSHIP_COMMANDS:
+            self.membership.handle(worker, message)
         elif kind == "stop":
             self.finish()
             self.pause_epoch = None

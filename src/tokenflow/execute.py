@@ -154,18 +154,24 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     report_to = options.pop("report_to", None)
     hub = options.pop("control_hub", None)
     timeout = options.pop("timeout", None)
+    slots = int(options.pop("slots", workers))
     options.pop("heartbeat_timeout", None)  # threads cannot stall one by one
     options.pop("spec")
     if options:
         raise ValueError(f"the thread runtime takes no options but inputs/sort_by/report_to/"
-                         f"timeout/heartbeat_timeout, got {sorted(options)}")
-    fabric = ThreadFabric(workers)
-    results: list[Any] = [None] * workers
+                         f"timeout/heartbeat_timeout/slots, got {sorted(options)}")
+    if slots < workers:
+        raise ValueError(f"slots ({slots}) must be >= workers ({workers})")
+    fabric = ThreadFabric(slots)
+    results: list[Any] = [None] * slots
+    threads: list[threading.Thread] = []
 
-    def run(i: int) -> None:
+    def run(i: int, roster: list[int] | None = None) -> None:
+        joining = roster is not None
         try:
-            worker = Worker(fabric.allocator(i))
-            worker.inputs = inputs[i]
+            worker = Worker(fabric.allocator(i), roster=roster or list(range(workers)),
+                            joining=joining)
+            worker.inputs = inputs[i] if i < workers else {}
             spec.apply(worker)
             reporter = attach(worker, report_to)
             agent = ControlAgent(hub.link(i)) if hub is not None else None
@@ -186,16 +192,29 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
         except BaseException as exc:  # noqa: BLE001 - reported to the caller below
             fabric.abort(i, exc)
 
-    if workers == 1 and timeout is None:
+    def launch(k: int, roster: list[int]) -> None:  # a worker joining the running job
+        thread = threading.Thread(target=run, args=(k, roster), name=f"tokenflow-worker-{k}",
+                                  daemon=True)
+        threads.append(thread)
+        thread.start()
+
+    if hub is not None:
+        hub.launch = launch
+    if workers == 1 and timeout is None and slots == 1:
         run(0)
     else:
-        threads = [threading.Thread(target=run, args=(i,), name=f"tokenflow-worker-{i}",
-                                    daemon=True) for i in range(workers)]
-        for t in threads:
+        threads.extend(threading.Thread(target=run, args=(i,), name=f"tokenflow-worker-{i}",
+                                        daemon=True) for i in range(workers))
+        for t in list(threads):
             t.start()
         deadline = None if timeout is None else time.monotonic() + timeout
-        for t in threads:
-            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        joined = 0
+        while joined < len(threads):  # threads of joining workers are appended meanwhile
+            threads[joined].join(None if deadline is None else
+                                 max(0.0, deadline - time.monotonic()))
+            if threads[joined].is_alive():
+                break
+            joined += 1
         if any(t.is_alive() for t in threads):
             message = f"job timed out after {timeout:g} s"
             fabric.abort(-1, TimeoutError(message))  # every worker stops at its next step

@@ -119,10 +119,19 @@ class JobHandle:
     per-worker results.
     """
 
-    def __init__(self, spec: JobSpec, workers: int, hub: Any, run: Callable[[], list[Any]]) -> None:
+    def __init__(self, spec: JobSpec, workers: int, hub: Any, run: Callable[[], list[Any]],
+                 slots: int | None = None) -> None:
         self.spec = spec
         self.workers = workers
+        self.slots = slots if slots is not None else workers
+        """Worker slots: the most workers the job can have at once."""
+        self.roster = list(range(workers))
+        """The job's workers now (``add_worker`` / ``remove_worker`` change it)."""
         self.hub = hub
+        self._used: set[int] = set(range(workers))  # slots never reused (the mesh's peers)
+        self.migrating = True
+        """The job has migrating (Megaphone) operators: ``scale`` moves their bins (False: it
+        only adds and removes workers)."""
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(run,), daemon=True,
@@ -175,9 +184,9 @@ class JobHandle:
         from tokenflow.control import ControlError
 
         members = list(range(roster)) if isinstance(roster, int) else sorted(set(roster))
-        if not members or members[0] < 0 or members[-1] >= self.workers:
-            raise ValueError(f"roster {members} is not within the job's {self.workers} workers "
-                             f"(workers joining a running job are not supported yet)")
+        if not members or not set(members) <= set(self.roster) | set(range(self.workers)):
+            raise ValueError(f"roster {members} is not within the job's workers {self.roster} "
+                             "(add_worker first)")
         self.hub.send(0, {"kind": "rescale", "roster": members, "strategy": strategy, "round": None})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -188,6 +197,69 @@ class JobHandle:
                 break
         raise ControlError(f"worker 0 did not acknowledge the rescale to {members} "
                            f"within {timeout} s")
+
+    def add_worker(self, timeout: float = 60.0) -> int:
+        """Start a worker in a free slot and join it to the running job (its progress state
+        bootstrapped from a running worker; ``tokenflow.membership``); returns its index.  It
+        owns no bins until a ``rescale`` gives it some.
+
+        Raises:
+            MembershipError: no free slot (``start(..., slots=M)``), the runtime cannot start
+                workers, or a worker did not answer within ``timeout`` s.
+        """
+        from tokenflow.membership import MembershipError, join
+
+        free = [k for k in range(self.slots) if k not in self.roster and k not in self._used]
+        if not free:
+            raise MembershipError(f"no free worker slot: the job has {self.slots} slots and "
+                                  f"workers {self.roster} (start it with slots=M)")
+        launch = getattr(self.hub, "launch", None)
+        if launch is None:
+            raise MembershipError("this runtime cannot start workers in a running job")
+        k = free[0]
+        self._used.add(k)
+        launch(k, [*self.roster, k])
+        join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+        self.roster = sorted([*self.roster, k])
+        return k
+
+    def remove_worker(self, worker: int, strategy: str = "batched", timeout: float = 60.0) -> None:
+        """Move ``worker``'s bins of every migrating operator to the other workers, then let
+        it leave the running job (``tokenflow.membership``).
+
+        Raises:
+            ValueError: ``worker`` is not in the roster, or is the last one.
+            MembershipError: a worker did not answer within ``timeout`` s.
+        """
+        from tokenflow.membership import leave
+
+        if worker not in self.roster or len(self.roster) == 1:
+            raise ValueError(f"cannot remove worker {worker} from {self.roster}")
+        rest = [w for w in self.roster if w != worker]
+        if self.migrating:
+            self.rescale(rest, strategy, timeout)
+        leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
+        self.roster = rest
+
+    def scale(self, n: int, strategy: str = "batched", timeout: float = 60.0) -> list[int]:
+        """Grow or shrink the running job to ``n`` workers: joining workers take free slots
+        and then receive their share of the bins; leaving ones (the highest slots first) hand
+        theirs away before they go.  Returns the new roster.
+
+        Raises:
+            ValueError: ``n`` < 1 or more than the job's slots.
+            MembershipError: see ``add_worker`` / ``remove_worker``.
+        """
+        if not 1 <= n <= self.slots:
+            raise ValueError(f"cannot scale to {n} workers: the job has {self.slots} slots")
+        if n > len(self.roster):
+            while len(self.roster) < n:
+                self.add_worker(timeout)
+            if self.migrating:
+                self.rescale(list(self.roster), strategy, timeout)
+        while len(self.roster) > n:
+            self.remove_worker(self.roster[-1], strategy, timeout)
+        return list(self.roster)
 
     def result(self, timeout: float | None = None) -> list[Any]:
         """The per-worker results once the job ends.
@@ -230,7 +302,7 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
     spec.control = True
     coordinator = options.pop("coordinator", None)
     if runtime == "thread":
-        hub: Any = QueueHub(workers)
+        hub: Any = QueueHub(int(options.get("slots", workers)))
         options["control_hub"] = hub
         if coordinator is not None:
             options.setdefault("report_to", coordinator.endpoint)
@@ -242,7 +314,8 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
         options.setdefault("report_to", coordinator.endpoint)
         hub = CoordinatorHub(coordinator)
     return JobHandle(spec, workers, hub,
-                     lambda: execute(fn, workers=workers, runtime=runtime, spec=spec, **options))
+                     lambda: execute(fn, workers=workers, runtime=runtime, spec=spec, **options),
+                     slots=int(options.get("slots", workers)))
 
 
 __all__ = ["JobHandle", "JobSpec", "job_name", "start"]

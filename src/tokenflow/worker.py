@@ -17,10 +17,15 @@ from tokenflow.dataflow.scope import Scope
 from tokenflow.dataflow.state import BinnedState
 from tokenflow.order.summary import Increment
 from tokenflow.progress.broadcast import Progcaster
+from tokenflow.progress.location import Source
 from tokenflow.progress.subgraph import Subgraph, SubgraphBuilder
 from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
 
 R = TypeVar("R")
+
+MEMBERSHIP_CHANNEL = 0xFFFF_FFF0
+"""The channel identifier of membership messages between workers (bootstrap state,
+farewells); dataflow channels count up from 0."""
 
 
 class Activations:
@@ -77,10 +82,34 @@ class Worker:
             even contiguous ranges over the ``peers`` workers.
     """
 
-    def __init__(self, allocator: Any, routing: RoutingTable | None = None) -> None:
+    def __init__(self, allocator: Any, routing: RoutingTable | None = None,
+                 roster: list[int] | None = None, joining: bool = False) -> None:
         self.allocator = allocator
         self.index: int = allocator.index
-        self.peers: int = allocator.peers
+        self.slots: int = allocator.peers
+        """Worker slots of the job's mesh: the most workers it can have at once."""
+        self.roster: list[int] = sorted(roster) if roster is not None else list(range(self.slots))
+        """The workers of the job now (slot indices, ascending); changes when workers join
+        or leave (``tokenflow.membership``)."""
+        self.peers: int = len(self.roster)
+        """The number of workers of the job now (``len(roster)``)."""
+        self.joining = joining
+        """True until this worker, started to join a running job, has received its progress
+        state from a running one (``bootstrap``); its dataflows do not run before."""
+        self.elastic = joining or len(self.roster) < self.slots
+        """Workers may join or leave: every dataflow keeps its progress state."""
+        self.left = False
+        """Set once this worker has left the job (``tokenflow.membership``)."""
+        self.membership: list[Any] = []
+        """Membership messages received from other workers (``tokenflow.membership``)."""
+        self.leave_checks: list[Callable[[], str | None]] = []
+        """Asked before this worker may leave the job: each returns why not yet (e.g. a
+        migrating operator still owns bins here), or None."""
+        self._membership_pushers: list[Any] = []
+        self._membership_puller: Any = None
+        if self.elastic:
+            self._membership_pushers, self._membership_puller = \
+                allocator.allocate(MEMBERSHIP_CHANNEL)
         self.routing: RoutingTable | None = routing if routing is not None else \
             RoutingTable.even(self.peers, DEFAULT_BINS)
         """Where keyed exchanges send a key's bin; fixed before the first dataflow is built."""
@@ -207,7 +236,7 @@ class Worker:
     def progcaster(self, path: tuple[int, ...], name: str) -> Progcaster:
         """A progress channel for the scope at ``path``."""
         pushers, puller = self.allocate(self.new_identifier(), path)
-        return Progcaster(self.index, pushers, puller, name)
+        return Progcaster(self.index, pushers, puller, name, self.roster)
 
     def dataflow(self, build: Callable[[Scope], R], name: str | None = None) -> R:
         """Build a dataflow with integer times: ``build(scope)``'s result is returned.
@@ -222,6 +251,13 @@ class Worker:
         scope = Scope(self, builder, 0, Increment(0))
         result = build(scope)
         subgraph = builder.build(self.progcaster((index,), name), self.activations)
+        if self.elastic:
+            subgraph.track_state()
+            subgraph.progcaster.track_held()
+            if not self.joining:  # the initial token of every output, which it holds
+                for child in subgraph.children[1:]:
+                    for port in range(child.outputs):
+                        subgraph.progcaster.held.update((Source(child.index, port), 0), 1)
         subgraph.get_internal_summary()
         subgraph.set_external_summary()
         self._dataflows[index] = subgraph
@@ -239,12 +275,21 @@ class Worker:
         """
         if self.restore is not None and not self._claims_checked:
             self._check_claims()
+        if self.left:
+            return False
         self.allocator.flush()  # what worker code sent since the last step goes out first
         paths = self._channel_paths
         for identifier in self.allocator.receive():
             path = paths.get(identifier)
             if path is not None:
                 self.activations.activate(path)
+            elif identifier == MEMBERSHIP_CHANNEL:
+                self._receive_membership()
+        if self.joining:
+            self.steps += 1
+            for hook in self.on_step:
+                hook(self)
+            return True  # nothing runs before the progress state arrives
         self.activations.for_extensions(())  # dataflows are scheduled at every step anyway
         finished = []
         for index, subgraph in self._dataflows.items():
@@ -257,6 +302,81 @@ class Worker:
         for hook in self.on_step:
             hook(self)
         return bool(self._dataflows)
+
+    # -- membership (tokenflow.membership drives these) -----------------------------------
+
+    def _receive_membership(self) -> None:
+        while (message := self._membership_puller.pull()) is not None:
+            if message[0] == "bootstrap":
+                self._bootstrap(message[1], message[2])
+            else:
+                self.membership.append(message)
+
+    def send_membership(self, worker: int, message: tuple[Any, ...]) -> None:
+        """Send a membership message to ``worker`` (goes out at the next flush)."""
+        self._membership_pushers[worker].push(message)
+
+    def set_roster(self, roster: list[int]) -> dict[int, int]:
+        """Make ``roster`` the job's workers: progress batches and broadcast copies go to
+        them from now on (call between steps).  Returns, per dataflow, the sequence number of
+        this worker's next progress batch (the first a newly added worker receives).
+
+        Raises:
+            ValueError: a slot outside the mesh, or a roster without this worker.
+        """
+        members = sorted(set(roster))
+        if not members or members[0] < 0 or members[-1] >= self.slots:
+            raise ValueError(f"worker {self.index}: roster {members} outside the job's "
+                             f"{self.slots} worker slots")
+        if self.index not in members and not self.left:
+            raise ValueError(f"worker {self.index}: roster {members} does not include it")
+        self.roster = members
+        self.peers = len(members)
+        floors = {}
+        for index, subgraph in self._dataflows.items():
+            floors[index] = subgraph.progcaster.set_roster(members)
+            subgraph.set_copies(len(members))
+        return floors
+
+    def progress_states(self) -> dict[int, Any]:
+        """Per running dataflow, its ``Subgraph.progress_state()`` (between steps)."""
+        return {index: subgraph.progress_state() for index, subgraph in self._dataflows.items()}
+
+    def received_batches(self) -> dict[int, dict[int, int]]:
+        """Per running dataflow, per sender, how many progress batches it has applied."""
+        return {index: dict(subgraph.progcaster.received)
+                for index, subgraph in self._dataflows.items()}
+
+    def _bootstrap(self, states: dict[int, Any], roster: list[int]) -> None:
+        if not self.joining:
+            raise RuntimeError(f"worker {self.index}: a progress state arrived, but it is not "
+                               "joining")
+        missing = sorted(set(self._dataflows) - set(states))
+        if missing:
+            raise RuntimeError(f"worker {self.index}: joining, but the job runs no dataflow "
+                               f"{missing} (it ended, or this worker built other dataflows)")
+        self.set_roster(roster)
+        for index, subgraph in self._dataflows.items():
+            received, counts = states[index]
+            subgraph.bootstrap(received, counts)
+            self.activations.activate(subgraph.path)
+        self.joining = False
+
+    def holds_tokens(self) -> list[str]:
+        """Tokens this worker's operators hold now, as ``"operator output port at times"``
+        (empty: none); a worker leaving the job must hold none."""
+        held = []
+        for subgraph in self._dataflows.values():
+            for (location, time), count in subgraph.progcaster.held.iter():
+                if count:
+                    held.append(f"{subgraph.children[location.node].name} output {location.port} "
+                                f"at {time!r} (x{count})")
+        return held
+
+    def leave(self) -> None:
+        """End this worker's part of the job (it has left: ``step`` returns False)."""
+        self.left = True
+        self._dataflows.clear()
 
     def _check_claims(self) -> None:
         from tokenflow.state.snapshot import SnapshotError

@@ -155,14 +155,20 @@ class Exchange:
 
 
 class BroadcastPusher:
-    __slots__ = ("pushers",)
+    """Pushes every message to each worker of ``host.roster`` (read at every push, so the
+    copies follow workers joining and leaving; every worker slot when the host has none)."""
 
-    def __init__(self, pushers: Sequence[Push]) -> None:
+    __slots__ = ("pushers", "host")
+
+    def __init__(self, pushers: Sequence[Push], host: Any = None) -> None:
         self.pushers = list(pushers)
+        self.host = host
 
     def push(self, message: Message) -> None:
         time, batch = message
-        for i, pusher in enumerate(self.pushers):
+        roster = getattr(self.host, "roster", None)
+        targets = self.pushers if roster is None else [self.pushers[j] for j in roster]
+        for i, pusher in enumerate(targets):
             pusher.push((time, list(batch)) if i and isinstance(batch, list) else message)
 
 
@@ -181,7 +187,7 @@ class Broadcast:
 
     def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
         pushers, puller = host.allocate(identifier, path)
-        return BroadcastPusher(pushers), puller
+        return BroadcastPusher(pushers, host), puller
 
 
 def as_pact(pact: Any) -> Any:

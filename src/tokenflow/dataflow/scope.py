@@ -74,8 +74,9 @@ class Scope:
     def new_identifier(self) -> int:
         return int(self.worker.new_identifier())
 
-    def connect(self, source: Location, target: Location, weight: int = 1) -> None:
-        self.builder.connect(source, target, weight)
+    def connect(self, source: Location, target: Location, weight: int = 1,
+                per_worker: bool = False) -> None:
+        self.builder.connect(source, target, weight, per_worker)
 
     # -- conveniences ----------------------------------------------------------------------
 

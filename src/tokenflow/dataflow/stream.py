@@ -30,13 +30,15 @@ class Stream:
         self.tee = tee
         self.name = name
 
-    def connect_to(self, target: Location, pusher: Push, weight: int = 1) -> None:
+    def connect_to(self, target: Location, pusher: Push, weight: int = 1,
+                   per_worker: bool = False) -> None:
         """Add the edge to ``target`` and deliver this stream's messages to ``pusher``.
 
         ``weight``: copies of each record the channel delivers across workers (the number of
-        workers for a broadcast channel), so progress tracking counts every copy.
+        workers for a broadcast channel), so progress tracking counts every copy;
+        ``per_worker``: the weight is the number of workers and follows the roster.
         """
-        self.scope.connect(self.source, target, weight)
+        self.scope.connect(self.source, target, weight, per_worker)
         self.tee.add_pusher(pusher)
 
     def __repr__(self) -> str:

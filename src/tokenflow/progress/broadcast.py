@@ -33,16 +33,19 @@ ProgressBatch = tuple[int, int, list[tuple[Any, int]]]
 
 
 class Progcaster:
-    """Sends local progress batches to all peers (itself included) and receives theirs.
+    """Sends local progress batches to the workers of the roster (itself included) and
+    receives theirs.
 
     Args:
         index: this worker's index.
-        pushers: one pusher per worker index, in worker order.
+        pushers: one pusher per worker slot, in slot order.
         puller: this worker's end of the progress channel.
         name: the scope's name, for error messages.
+        roster: the slots batches go to (default: every slot).
     """
 
-    def __init__(self, index: int, pushers: Sequence[Push], puller: Pull, name: str) -> None:
+    def __init__(self, index: int, pushers: Sequence[Push], puller: Pull, name: str,
+                 roster: Sequence[int] | None = None) -> None:
         self.index = index
         self.pushers = list(pushers)
         self.puller = puller
@@ -51,17 +54,53 @@ class Progcaster:
         self.received: dict[int, int] = {}  # sender -> next expected sequence number
         self.sent_batches = 0
         self.sent_updates = 0
+        self._targets = [self.pushers[j] for j in (range(len(self.pushers)) if roster is None
+                                                    else roster)]
+        self._roster = list(range(len(self.pushers))) if roster is None else sorted(roster)
+        self._floors: dict[int, int] = {}  # sender -> batches below it are already accounted
+        self.held: ChangeBatch[Any] = ChangeBatch()
+        """This worker's own tokens (net source-location updates it sent), when
+        ``track_held`` was called: a worker leaving the job must hold none."""
+        self._track_held = False
+
+    def track_held(self) -> None:
+        """Count this worker's own tokens in ``held`` from now on."""
+        self._track_held = True
+
+    @property
+    def roster(self) -> list[int]:
+        """The slots this worker's batches go to."""
+        return list(self._roster)
+
+    def set_roster(self, roster: Sequence[int]) -> int:
+        """Send later batches to ``roster``; returns the sequence number of the next batch (the
+        first a newly added worker receives from this one: Selvatici's bootstrap message)."""
+        self._roster = sorted(set(roster))
+        self._targets = [self.pushers[j] for j in self._roster]
+        return self.sequence
+
+    def bootstrap(self, received: dict[int, int]) -> None:
+        """Start a joining worker's reception: ``received[sender]`` batches of each sender are
+        already accounted for in the progress state it was given (Selvatici's bootstrap
+        protocol); earlier batches that arrive are skipped, later ones must follow in order."""
+        self.received = dict(received)
+        self._floors = dict(received)
 
     def send(self, changes: ChangeBatch[Any]) -> None:
         """Broadcast and clear ``changes`` (nothing is sent when they consolidate to empty)."""
         updates = changes.drain()
         if not updates:
             return
+        if self._track_held:
+            held = self.held
+            for (location, time), diff in updates:
+                if location.is_source and location.node:
+                    held.update((location, time), diff)
         message: ProgressBatch = (self.index, self.sequence, updates)
         self.sequence += 1
         self.sent_batches += 1
         self.sent_updates += len(updates)
-        for pusher in self.pushers:
+        for pusher in self._targets:
             pusher.push(message)
 
     def recv(self, into: ChangeBatch[Any]) -> bool:
@@ -79,6 +118,8 @@ class Progcaster:
                 return got
             sender, seq, updates = message
             expected = received.get(sender, 0)
+            if seq < self._floors.get(sender, 0):
+                continue  # accounted for in the bootstrap state
             if seq != expected:
                 raise ProgressSequenceError(
                     f"scope {self.name!r}: progress batch {seq} from worker {sender} "

@@ -140,6 +140,7 @@ class SubgraphBuilder:
         self.children: list[PerOperatorState | None] = [None]
         self.child_count = 1
         self.edge_stash: list[tuple[Location, Location, int]] = []
+        self.per_worker_edges: set[tuple[Location, Location]] = set()
         self.input_messages: list[ChangeBatch[Any]] = []
         self.output_capabilities: list[MutableAntichain] = []
 
@@ -154,10 +155,15 @@ class SubgraphBuilder:
         """Install ``operator`` at the reserved ``index``."""
         self.children[index] = PerOperatorState(operator, index, operator.inputs, operator.outputs)
 
-    def connect(self, source: Location, target: Location, weight: int = 1) -> None:
+    def connect(self, source: Location, target: Location, weight: int = 1,
+                per_worker: bool = False) -> None:
         """Record the edge ``source → target``; ``weight`` is the number of copies of each
-        record the edge's channel delivers across workers (``peers`` for broadcast)."""
+        record the edge's channel delivers across workers (``peers`` for broadcast);
+        ``per_worker``: one copy per worker of the roster, so the weight follows the roster
+        when workers join or leave (``Subgraph.set_copies``)."""
         self.edge_stash.append((source, target, weight))
+        if per_worker:
+            self.per_worker_edges.add((source, target))
 
     def new_input(self) -> tuple[int, ChangeBatch[Any]]:
         """A new scope input; returns its index and the counter the ingress pusher writes."""
@@ -233,6 +239,12 @@ class Subgraph:
         self.final_pointstamp: ChangeBatch[tuple[Location, Any]] = ChangeBatch()
         self.tracker = tracker
         self.progcaster = progcaster
+        self._per_worker = [(c, port, i) for c in self.children for port, targets in
+                            enumerate(c.edges) for i, target in enumerate(targets)
+                            if (Location(c.index, port, True), target) in builder.per_worker_edges]
+        self.accumulated: ChangeBatch[tuple[Location, Any]] | None = None
+        """Every pointstamp change this scope applied, consolidated (``track_state``): the
+        progress state a worker joining the job starts from."""
         self.shared_progress = SharedProgress(self.inputs, self.outputs)
         self.scope_summary = scope_summary
         self.to_inner = builder.to_inner
@@ -339,6 +351,8 @@ class Subgraph:
                     sp.produceds[location.port].update(to_outer(time), delta)
             else:
                 tracker.update(location, time, delta)
+                if self.accumulated is not None:
+                    self.accumulated.update((location, time), delta)
         tracker.propagate_all()
         children = self.children
         temp_active = self.temp_active
@@ -353,6 +367,53 @@ class Subgraph:
                 outer = [(to_outer(t), d) for t, d in changes.drain()]
                 for t, d in self.output_capabilities[output].update_iter(outer):
                     sp.internals[output].update(t, d)
+
+    # -- membership (workers joining and leaving a running job) ---------------------------
+
+    def track_state(self) -> None:
+        """Keep the accumulated pointstamp changes from now on (call before
+        ``get_internal_summary``, which applies the initial tokens), so that this worker can bootstrap a joining one (``progress_state``).
+
+        Raises:
+            NotImplementedError: the scope has nested scopes (their trackers are not
+                bootstrapped yet).
+        """
+        nested = [c.name for c in self.children[1:] if not c.local]
+        if nested:
+            raise NotImplementedError(
+                f"scope {self.name!r}: workers cannot join a job whose dataflow has nested "
+                f"scopes yet ({', '.join(nested)})")
+        if self.accumulated is None:
+            self.accumulated = ChangeBatch()
+
+    def progress_state(self) -> tuple[dict[int, int], list[tuple[tuple[Location, Any], int]]]:
+        """``(received, counts)``: per sender, how many of its progress batches the counts
+        include, and the scope's pointstamp counts (Selvatici's "progress state": the
+        accumulation plus the last sequence number included per worker).  Taken between
+        steps, when every received batch has been applied.
+
+        Raises:
+            RuntimeError: ``track_state`` was not called.
+        """
+        if self.accumulated is None:
+            raise RuntimeError(f"scope {self.name!r} does not track its progress state")
+        return dict(self.progcaster.received), self.accumulated.iter()
+
+    def bootstrap(self, received: dict[int, int],
+                  counts: list[tuple[tuple[Location, Any], int]]) -> None:
+        """Start a joining worker's tracker from a running worker's ``progress_state``; the
+        batches each sender sent before ``received[sender]`` are skipped when they arrive."""
+        self.progcaster.bootstrap(received)
+        if self.accumulated is not None:
+            self.accumulated = ChangeBatch()
+        for (location, time), delta in counts:
+            self.final_pointstamp.update((location, time), delta)
+        self.propagate_pointstamps()
+
+    def set_copies(self, copies: int) -> None:
+        """The number of workers a per-worker (broadcast) edge now delivers to."""
+        for child, port, i in self._per_worker:
+            child.weights[port][i] = copies
 
     def tracked_frontier(self, location: Location) -> list[Any]:
         """The frontier at ``location`` of this scope (for inspection and tests)."""

@@ -360,6 +360,29 @@ class OperatorCore:
         return bool(incomplete)
 
 
+class _Uncounted(ChangeBatch[Any]):
+    """The bookkeeping of the initial tokens a worker joining a running job hands its
+    operators: no worker counted them, so they may only be dropped (a data message sent with
+    one is refused as a token of another port; a copy or a downgrade raises here)."""
+
+    def __init__(self, operator: str, port: int) -> None:
+        super().__init__()
+        self._operator = operator
+        self._port = port
+        self._created = False
+
+    def update(self, key: Any, diff: int) -> None:
+        if diff == 1 and not self._created:
+            self._created = True  # the token's own creation
+            return
+        if diff == -1:
+            return  # dropped: nothing was counted
+        raise CapabilityError(
+            f"{self._operator}: output {self._port}'s initial token on a worker that joined a "
+            "running job can only be dropped (no worker counted it; operators on joining "
+            "workers produce data only from tokens of records they receive)")
+
+
 class OperatorBuilder:
     """Declares an operator's inputs and outputs, then builds it from a constructor.
 
@@ -407,7 +430,7 @@ class OperatorBuilder:
         traffic = getattr(self.scope.worker, "traffic", None)
         if traffic is not None:
             pusher = CountingPush(pusher, traffic, weight)
-        stream.connect_to(Target(self.index, port), pusher, weight)
+        stream.connect_to(Target(self.index, port), pusher, weight, copies is not None)
         inp = OperatorInput(core, port, puller, traffic)
         core.inputs += 1
         core.input_ports.append(inp)
@@ -459,10 +482,16 @@ class OperatorBuilder:
         for port, inp in enumerate(core.input_ports):
             inp._summaries = summary[port]
         core.shared_progress = SharedProgress(core.inputs, core.outputs)
-        capabilities = [
-            Capability(self.scope.min_time, core.internal[o], o, core.name, core.wake)
-            for o in range(core.outputs)
-        ]
+        if getattr(self.scope.worker, "joining", False):
+            # a worker joining a running job: the others never counted tokens of its own
+            core.peers = 0
+            capabilities = [Capability(self.scope.min_time, _Uncounted(core.name, o), o,
+                                       core.name) for o in range(core.outputs)]
+        else:
+            capabilities = [
+                Capability(self.scope.min_time, core.internal[o], o, core.name, core.wake)
+                for o in range(core.outputs)
+            ]
         for internal in core.internal:
             internal.clear()  # the scope assumes every worker starts with one token per output
         core.logic = constructor(capabilities)

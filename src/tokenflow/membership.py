@@ -1,0 +1,212 @@
+"""Workers joining and leaving a running job: the roster, progress bootstrap, farewells.
+
+Source: Selvatici, *Rescaling of Timely Dataflow* (ETH, 2019: §3 new-worker initialization,
+§3.4 the bootstrap protocol with progress sequence numbers); the distributed-DBSP design,
+"Scaling state" (hot scale in and out); docs/ARCHITECTURE.md ("Elasticity").
+
+A job started with more worker *slots* than workers (``execute(..., slots=M)``) can grow into
+the free slots and shrink again while it runs.  The driver (``JobHandle.add_worker`` /
+``remove_worker``) runs the protocol through the control plane; workers carry it out between
+steps (``MembershipAgent``, driven by the ``ControlAgent``):
+
+**Join** of worker ``k``.  The runtime starts ``k`` with ``joining=True``: it connects to the
+others, builds the job's dataflows (its operators receive no counted initial tokens) and runs
+none of them yet; it says ``hello``.  The driver sends ``admit`` to every worker of the roster:
+each adds ``k`` to its roster between two steps (its progress batches and broadcast copies go
+to ``k`` from then on) and replies with, per dataflow, the sequence number of its next progress
+batch, the first ``k`` receives from it (``admitted``).  The driver then asks one worker, the
+*bootstrap server*, to ``bootstrap`` ``k``: once the server has applied every peer's batches up
+to those numbers (it keeps stepping meanwhile: it never stops for the protocol, unlike the
+seed's server), it sends ``k``, between two steps, its progress state: per dataflow the
+accumulated pointstamp counts and how many batches of each sender they include.  ``k`` starts
+its trackers from it, skips the batches it receives that the state already includes, and runs;
+it says ``joined``.  Every batch a worker sent after admitting ``k`` reaches ``k``, and the
+state includes every batch before the numbers it waited for, so ``k`` sees each batch exactly
+once (the seed fills gaps by asking the server for ranges; waiting for the numbers instead
+needs no log at the server).
+
+**Leave** of worker ``k``.  The driver first moves ``k``'s state away (a Megaphone rescale to
+a roster without ``k``), then sends ``leave`` to ``k``: once ``k`` holds no token and every
+``Worker.leave_checks`` passes (no migrating operator still owns bins on it), it replies
+``ready``.  The driver sends ``dismiss`` to every other worker: each removes ``k`` from its
+roster between two steps and sends ``k`` a farewell after its last message to ``k``.  With a
+farewell from every worker, everything sent to ``k`` is in its queues: ``k`` steps until it has
+processed it (its progress batches still go to every worker), checks that it holds no token,
+replies ``left`` and ends.
+
+Not yet: capabilities for a joining worker's own sources (its operators start without tokens,
+so inputs and sources on it cannot produce), nested scopes (iteration) in an elastic job,
+joining on the Spark runtime.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+COMMANDS = ("admit", "bootstrap", "leave", "dismiss")
+"""Control-plane commands the ``MembershipAgent`` carries out."""
+
+
+class MembershipError(RuntimeError):
+    """A worker could not join or leave (names the worker and what was missing)."""
+
+
+class MembershipAgent:
+    """The worker side of the membership protocol, run between steps by the ``ControlAgent``.
+
+    Args:
+        link: the worker's control-plane link (``send``).
+    """
+
+    def __init__(self, link: Any) -> None:
+        self.link = link
+        self._hello = False
+        self._joined = False
+        self._bootstraps: list[tuple[int, dict[int, dict[int, int]]]] = []
+        self._leaving = False
+        self._ready = False
+        self._farewells: set[int] = set()
+
+    def handle(self, worker: Any, message: dict[str, Any]) -> None:
+        """Carry out one membership command (between steps).
+
+        Raises:
+            MembershipError: a command this worker cannot carry out.
+        """
+        kind = message["kind"]
+        if kind == "admit":
+            joiner = int(message["joiner"])
+            floors = worker.set_roster([*worker.roster, joiner])
+            self.link.send({"kind": "admitted", "worker": worker.index, "joiner": joiner,
+                            "floors": [[df, seq] for df, seq in floors.items()]})
+        elif kind == "bootstrap":
+            floors: dict[int, dict[int, int]] = {}
+            for df, sender, seq in message["floors"]:
+                floors.setdefault(int(df), {})[int(sender)] = int(seq)
+            self._bootstraps.append((int(message["joiner"]), floors))
+        elif kind == "leave":
+            self._leaving = True
+        elif kind == "dismiss":
+            leaver = int(message["leaver"])
+            worker.set_roster([w for w in worker.roster if w != leaver])
+            worker.send_membership(leaver, ("farewell", worker.index))
+            goodbye = getattr(worker.allocator, "goodbye", None)
+            if goodbye is not None:
+                goodbye(leaver)  # the farewell goes out first, then the mesh's own goodbye
+            self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
+        else:
+            raise MembershipError(f"worker {worker.index}: unknown membership command {kind!r}")
+
+    def poll(self, worker: Any) -> None:
+        """Advance the protocol after a step: greet, serve bootstraps, leave when ready."""
+        if worker.joining and not self._hello:
+            self._hello = True
+            self.link.send({"kind": "hello", "worker": worker.index})
+        if self._hello and not worker.joining and not self._joined:
+            self._joined = True
+            self.link.send({"kind": "joined", "worker": worker.index})
+        if self._bootstraps:
+            self._serve(worker)
+        if self._leaving:
+            self._leave(worker)
+
+    def _serve(self, worker: Any) -> None:
+        received = worker.received_batches()
+        for entry in list(self._bootstraps):
+            joiner, floors = entry
+            if all(received.get(df, {}).get(sender, 0) >= seq
+                   for df, by_sender in floors.items() for sender, seq in by_sender.items()):
+                worker.send_membership(joiner, ("bootstrap", worker.progress_states(),
+                                                list(worker.roster)))
+                self._bootstraps.remove(entry)
+                self.link.send({"kind": "bootstrapped", "worker": worker.index,
+                                "joiner": joiner})
+
+    def _leave(self, worker: Any) -> None:
+        for message in worker.membership:
+            if message[0] == "farewell":
+                self._farewells.add(int(message[1]))
+        worker.membership.clear()
+        if not self._ready:
+            if worker.holds_tokens() or any(check() for check in worker.leave_checks):
+                return
+            self._ready = True
+            self.link.send({"kind": "ready", "worker": worker.index})
+            return
+        others = set(worker.roster) - {worker.index}
+        if not others <= self._farewells or not worker.activations.is_empty():
+            return  # everything sent here must be processed first
+        held = worker.holds_tokens()
+        if held:
+            raise MembershipError(f"worker {worker.index} cannot leave: it holds tokens "
+                                  f"({'; '.join(held)})")
+        worker.leave()
+        self._leaving = False
+        self.link.send({"kind": "left", "worker": worker.index})
+
+
+# -- the driver's side ----------------------------------------------------------------------
+
+
+def _gather(hub: Any, kind: str, workers: Iterable[int], timeout: float,
+            alive: Callable[[], bool]) -> dict[int, dict[str, Any]]:
+    """One reply of ``kind`` from each of ``workers`` (other replies are dropped)."""
+    waiting = set(workers)
+    got: dict[int, dict[str, Any]] = {}
+    deadline = time.monotonic() + timeout
+    while waiting:
+        if time.monotonic() > deadline:
+            raise MembershipError(f"no {kind!r} from workers {sorted(waiting)} within "
+                                  f"{timeout:g} s")
+        reply = hub.receive(0.05)
+        if reply is None:
+            if not alive():
+                raise MembershipError(f"the job ended while waiting for {kind!r} from workers "
+                                      f"{sorted(waiting)}")
+            continue
+        if reply.get("kind") == "error":
+            raise MembershipError(f"worker {reply.get('worker')}: {reply.get('error')}")
+        if reply.get("kind") == kind and int(reply["worker"]) in waiting:
+            waiting.discard(int(reply["worker"]))
+            got[int(reply["worker"])] = reply
+    return got
+
+
+def join(hub: Any, roster: list[int], joiner: int, timeout: float,
+         alive: Callable[[], bool]) -> None:
+    """Drive the join of worker ``joiner`` (already started, ``joining=True``) into a job
+    whose workers are ``roster``.
+
+    Raises:
+        MembershipError: a worker did not answer within ``timeout`` s, or the job ended.
+    """
+    _gather(hub, "hello", [joiner], timeout, alive)
+    for w in roster:
+        hub.send(w, {"kind": "admit", "joiner": joiner})
+    admitted = _gather(hub, "admitted", roster, timeout, alive)
+    floors = [[df, w, seq] for w, reply in admitted.items() for df, seq in reply["floors"]]
+    server = roster[0]
+    hub.send(server, {"kind": "bootstrap", "joiner": joiner, "floors": floors})
+    _gather(hub, "joined", [joiner], timeout, alive)
+
+
+def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
+          alive: Callable[[], bool]) -> None:
+    """Drive the departure of worker ``leaver`` from ``roster`` (its state already moved away:
+    it replies ``ready`` only when it holds no token and owns nothing).
+
+    Raises:
+        MembershipError: a worker did not answer within ``timeout`` s, or the job ended.
+    """
+    hub.send(leaver, {"kind": "leave"})
+    _gather(hub, "ready", [leaver], timeout, alive)
+    others = [w for w in roster if w != leaver]
+    for w in others:
+        hub.send(w, {"kind": "dismiss", "leaver": leaver})
+    _gather(hub, "dismissed", others, timeout, alive)
+    _gather(hub, "left", [leaver], timeout, alive)
+
+
+__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "join", "leave"]
