@@ -30,6 +30,8 @@ def run_worker(
     report_to: tuple[str, int, str] | None = None,
     spec: Any = None,
     reporter: Reporter | None = None,
+    roster: list[int] | None = None,
+    joining: bool = False,
 ) -> Any:
     """Join the mesh as worker ``index``, run ``fn(worker)`` and step to completion.
 
@@ -39,13 +41,17 @@ def run_worker(
     ``report_to`` (the Spark runtime opens it before the mesh, to send heartbeats while the mesh
     forms; its owner closes it).  Returns ``fn``'s result.  Raises whatever ``fn`` or the mesh
     raises (``PeerLostError`` names a lost peer); the mesh is closed either way.
+
+    ``peers`` is the number of worker slots; ``roster`` the workers of the job now (default
+    every slot); ``joining``: this worker joins the running job (``tokenflow.membership``).
     """
     kwargs = {} if max_frame is None else {"max_frame": max_frame}
     mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
     try:
-        mesh.connect(addresses)
+        mesh.connect(addresses, members=roster)
         allocator = TcpAllocator(mesh)
-        worker = Worker(allocator)
+        table = spec.table if joining and spec is not None else None  # the job's, not the roster's
+        worker = Worker(allocator, table, roster=roster, joining=joining)
         if configure is not None:
             configure(worker)
         if spec is not None:

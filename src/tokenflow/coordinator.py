@@ -725,6 +725,13 @@ class Liveness:
     def finish(self, worker: int) -> None:
         self.finished.add(worker)
 
+    def watch(self, worker: int, at: float | None = None) -> None:
+        """Watch ``worker`` (started now, e.g. joining a running job) as if it had just sent
+        a heartbeat."""
+        while len(self.last) <= worker:
+            self.last.append(None)
+        self.beat(worker, at)
+
     def stalled(self, now: float | None = None) -> tuple[int, str] | None:
         """The first stalled worker and why (``"stalled: no heartbeat for 10.2 s"``), or None."""
         now = time.monotonic() if now is None else now

@@ -169,8 +169,8 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
     def run(i: int, roster: list[int] | None = None) -> None:
         joining = roster is not None
         try:
-            worker = Worker(fabric.allocator(i), roster=roster or list(range(workers)),
-                            joining=joining)
+            worker = Worker(fabric.allocator(i), spec.table if joining else None,
+                            roster=roster or list(range(workers)), joining=joining)
             worker.inputs = inputs[i] if i < workers else {}
             spec.apply(worker)
             reporter = attach(worker, report_to)

@@ -213,9 +213,12 @@ class JobHandle:
         if not free:
             raise MembershipError(f"no free worker slot: the job has {self.slots} slots and "
                                   f"workers {self.roster} (start it with slots=M)")
-        launch = getattr(self.hub, "launch", None)
-        if launch is None:
-            raise MembershipError("this runtime cannot start workers in a running job")
+        deadline = time.monotonic() + timeout
+        while (launch := getattr(self.hub, "launch", None)) is None:  # the job starts up
+            if time.monotonic() > deadline or not self.running:
+                raise MembershipError("this runtime cannot start workers in a running job "
+                                      "(the thread and process runtimes can)")
+            time.sleep(0.05)
         k = free[0]
         self._used.add(k)
         launch(k, [*self.roster, k])
@@ -313,6 +316,8 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
             coordinator = Coordinator()
         options.setdefault("report_to", coordinator.endpoint)
         hub = CoordinatorHub(coordinator)
+        if int(options.get("slots", workers)) > workers:
+            options["control_hub"] = hub  # the runtime sets its ``launch`` of joining workers
     return JobHandle(spec, workers, hub,
                      lambda: execute(fn, workers=workers, runtime=runtime, spec=spec, **options),
                      slots=int(options.get("slots", workers)))

@@ -29,10 +29,12 @@ needs no log at the server).
 a roster without ``k``), then sends ``leave`` to ``k``: once ``k`` holds no token and every
 ``Worker.leave_checks`` passes (no migrating operator still owns bins on it), it replies
 ``ready``.  The driver sends ``dismiss`` to every other worker: each removes ``k`` from its
-roster between two steps and sends ``k`` a farewell after its last message to ``k``.  With a
-farewell from every worker, everything sent to ``k`` is in its queues: ``k`` steps until it has
-processed it (its progress batches still go to every worker), checks that it holds no token,
-replies ``left`` and ends.
+roster between two steps (no more data or broadcast copies for ``k``; its progress batches
+still go to ``k``) and sends ``k`` a farewell after its last message to ``k``.  With a farewell
+from every worker, everything sent to ``k`` is in its queues: ``k`` steps until it has
+processed it and its operators released their tokens (its frontiers still advance), replies
+``left`` and ends.  The driver then sends ``forget``: the others stop sending progress to ``k``
+and say goodbye on the mesh, which lets ``k``'s process close its connections.
 
 Not yet: capabilities for a joining worker's own sources (its operators start without tokens,
 so inputs and sources on it cannot produce), nested scopes (iteration) in an elastic job,
@@ -45,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-COMMANDS = ("admit", "bootstrap", "leave", "dismiss")
+COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget")
 """Control-plane commands the ``MembershipAgent`` carries out."""
 
 
@@ -90,12 +92,17 @@ class MembershipAgent:
             self._leaving = True
         elif kind == "dismiss":
             leaver = int(message["leaver"])
-            worker.set_roster([w for w in worker.roster if w != leaver])
+            rest = [w for w in worker.roster if w != leaver]
+            worker.set_roster(rest, progress=[*rest, leaver])
             worker.send_membership(leaver, ("farewell", worker.index))
+            self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
+        elif kind == "forget":
+            leaver = int(message["leaver"])
+            worker.set_roster(list(worker.roster))  # no more progress batches to it
             goodbye = getattr(worker.allocator, "goodbye", None)
             if goodbye is not None:
-                goodbye(leaver)  # the farewell goes out first, then the mesh's own goodbye
-            self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
+                goodbye(leaver)  # what is buffered for it goes out first, then the goodbye
+            self.link.send({"kind": "forgotten", "worker": worker.index, "leaver": leaver})
         else:
             raise MembershipError(f"worker {worker.index}: unknown membership command {kind!r}")
 
@@ -130,18 +137,15 @@ class MembershipAgent:
                 self._farewells.add(int(message[1]))
         worker.membership.clear()
         if not self._ready:
-            if worker.holds_tokens() or any(check() for check in worker.leave_checks):
-                return
+            if any(check() for check in worker.leave_checks):
+                return  # state still to hand away
             self._ready = True
             self.link.send({"kind": "ready", "worker": worker.index})
             return
         others = set(worker.roster) - {worker.index}
-        if not others <= self._farewells or not worker.activations.is_empty():
-            return  # everything sent here must be processed first
-        held = worker.holds_tokens()
-        if held:
-            raise MembershipError(f"worker {worker.index} cannot leave: it holds tokens "
-                                  f"({'; '.join(held)})")
+        if not others <= self._farewells or not worker.activations.is_empty() \
+                or worker.holds_tokens():
+            return  # what was sent here is processed, and its tokens released, first
         worker.leave()
         self._leaving = False
         self.link.send({"kind": "left", "worker": worker.index})
@@ -207,6 +211,9 @@ def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
         hub.send(w, {"kind": "dismiss", "leaver": leaver})
     _gather(hub, "dismissed", others, timeout, alive)
     _gather(hub, "left", [leaver], timeout, alive)
+    for w in others:
+        hub.send(w, {"kind": "forget", "leaver": leaver})
+    _gather(hub, "forgotten", others, timeout, alive)
 
 
 __all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "join", "leave"]

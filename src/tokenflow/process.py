@@ -30,6 +30,7 @@ import ctypes
 import multiprocessing as mp
 import multiprocessing.util  # noqa: F401 - its atexit hook must be registered before ours
 import os
+import queue
 import secrets
 import signal
 import sys
@@ -56,6 +57,8 @@ TERMINATE_GRACE = 0.5
 EXIT_WAIT = 5.0
 """Seconds the driver waits for workers to exit after they all sent their results."""
 POLL = 0.25
+START_TIMEOUT = 60.0
+"""Seconds a worker joining a running job may take to start and report its address."""
 """Seconds the driver waits for a message before checking heartbeats and the deadline."""
 EXIT_ORPHANED = 70
 """Exit status of a worker whose driver went away."""
@@ -146,14 +149,15 @@ def _worker_main(index: int, peers: int, secret: bytes, job: str, payload: bytes
     try:
         listener = bind_listener(host, 0)
         link.send(("address", listener.getsockname()[:2]))
-        kind, addresses, inputs = conn.recv()
+        kind, addresses, inputs, roster, joining = conn.recv()
         fn = cloudpickle.loads(payload)
 
         def configure(worker: Any) -> None:
             worker.inputs = inputs
 
         result = run_worker(fn, index, peers, listener, addresses, secret, job, configure,
-                            max_frame=max_frame, report_to=report_to, spec=spec)
+                            max_frame=max_frame, report_to=report_to, spec=spec,
+                            roster=roster, joining=joining)
         link.send(("result", cloudpickle.dumps(result)))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver
         try:
@@ -207,18 +211,55 @@ class _Run:
         self.open: set[int] = set()  # workers whose pipe has not reached its end
         self.exited: set[int] = set()  # workers whose process has ended
         self.backlog: list[tuple[int, Any]] = []
+        self.launcher: Callable[[int, list[int]], None] | None = None
+        self.joined_results: dict[int, Any] = {}  # results of workers that joined later
+        self._launches: queue.Queue[tuple[int, list[int], threading.Event, list[Any]]] = \
+            queue.Queue()
+
+    def request_launch(self, k: int, members: list[int], timeout: float = 60.0) -> None:
+        """Have the driver's event loop start worker ``k`` (called from another thread:
+        ``JobHandle.add_worker``).
+
+        Raises:
+            WorkerProcessError: the worker did not start; TimeoutError: no answer in time.
+        """
+        done, error = threading.Event(), []
+        self._launches.put((k, members, done, error))
+        if not done.wait(timeout):
+            raise TimeoutError(f"worker {k} was not started within {timeout:g} s")
+        if error:
+            raise error[0]
+
+    def serve_launches(self) -> None:
+        """Start the workers requested by ``request_launch`` (on the event loop's thread)."""
+        while not self._launches.empty():
+            k, members, done, error = self._launches.get()
+            try:
+                if self.launcher is None:
+                    raise WorkerProcessError(k, "this job has no free worker slots")
+                self.launcher(k, members)
+            except BaseException as exc:  # noqa: BLE001 - handed to the requesting thread
+                error.append(exc)
+            done.set()
 
     def spawn(self, ctx: Any, args: Callable[[int, Connection], tuple[Any, ...]]) -> None:
         for i in range(self.workers):
-            parent, child = ctx.Pipe()
-            self.conns.append(parent)
-            p = ctx.Process(target=_worker_main, name=f"tokenflow-worker-{i}", args=args(i, child))
-            p.start()
-            self.procs.append(p)
-            _RUNNING.add(p)
-            child.close()
-            self.active.add(i)
-            self.open.add(i)
+            self.spawn_one(ctx, i, args)
+
+    def spawn_one(self, ctx: Any, i: int, args: Callable[[int, Connection], tuple[Any, ...]]) -> None:
+        """Start worker ``i`` (the next index: workers joining later are appended)."""
+        assert i == len(self.procs), f"worker {i} started out of order"
+        parent, child = ctx.Pipe()
+        self.conns.append(parent)
+        p = ctx.Process(target=_worker_main, name=f"tokenflow-worker-{i}", args=args(i, child))
+        p.start()
+        self.procs.append(p)
+        _RUNNING.add(p)
+        child.close()
+        if self.liveness is not None and i >= self.workers:  # joining: watched from now
+            self.liveness.watch(i)
+        self.active.add(i)
+        self.open.add(i)
 
     def finish(self, i: int) -> None:
         """Worker ``i`` sent its result or error: no longer watched."""
@@ -395,6 +436,7 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
                     report_to: tuple[str, int, str] | None = None,
                     spec: Any = None,
                     heartbeat_timeout: float | None = DEFAULT_HEARTBEAT_TIMEOUT,
+                    slots: int | None = None, control_hub: Any = None,
                     ) -> list[Any]:
     """Run ``fn`` on ``workers`` local processes; returns the per-worker results in order.
 
@@ -414,6 +456,10 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
             control plane).
         heartbeat_timeout: seconds without a heartbeat after which a worker is stalled (None:
             never).
+        slots: worker slots (default ``workers``): with more, workers can join the running
+            job (``JobHandle.add_worker``, through ``control_hub.launch``); the result then
+            has one entry per slot (None for a slot never used).
+        control_hub: the control plane's hub, given the ``launch`` of joining workers.
 
     Raises:
         WorkerProcessError: when a worker raises, dies or stalls, naming the first one to fail,
@@ -429,26 +475,59 @@ def execute_process(fn: Callable[[Any], Any], workers: int, host: str = "127.0.0
     secret = secret or new_secret()
     job = job or f"tokenflow-{os.getpid()}-{secrets.token_hex(4)}"
     payload = cloudpickle.dumps(fn)
+    slots = workers if slots is None else slots
+    if slots < workers:
+        raise ValueError(f"slots ({slots}) must be >= workers ({workers})")
     run = _Run(workers, job, timeout, heartbeat_timeout)
     driver = os.getpid()
+
+    def args(i: int, child: Connection) -> tuple[Any, ...]:
+        return (i, slots, secret, job, payload, child, host, max_frame, report_to, spec, driver)
+
+    roster = list(range(workers)) if slots > workers else None
     with _SignalGuard(workers) as guard:
         failed = True
         try:
             with guard.held():
-                run.spawn(ctx, lambda i, child: (i, workers, secret, job, payload, child, host,
-                                                 max_frame, report_to, spec, driver))
-            addresses = _addresses(run)
+                run.spawn(ctx, args)
+            addresses: list[Any] = _addresses(run)
             parts = partition_inputs(inputs, workers, sort_by)
             for conn, part in zip(run.conns, parts, strict=True):
-                conn.send(("addresses", addresses, part))
+                conn.send(("addresses", addresses + [None] * (slots - workers), part, roster,
+                           False))
             if on_addresses is not None:
                 on_addresses(addresses, job)
-            results = _results(run)
+            if control_hub is not None and slots > workers:
+                control_hub.launch = run.request_launch
+                run.launcher = lambda k, members: _launch(run, ctx, args, addresses, slots, k,
+                                                          members)
+            results = _results(run) + [None] * (slots - workers)
+            for k, result in run.joined_results.items():
+                results[k] = result
             failed = False
             return results
         finally:
             guard.closing()
             run.shutdown(failed)
+
+
+def _launch(run: _Run, ctx: Any, args: Callable[[int, Connection], tuple[Any, ...]],
+            addresses: list[Any], slots: int, k: int, members: list[int]) -> None:
+    """Start worker ``k`` to join the running job whose workers are ``members`` (``k``
+    included): it learns the others' addresses and dials them (``tokenflow.membership``)."""
+    if k != len(run.procs) or k >= slots:
+        raise ValueError(f"worker slot {k} is not the next free one (slots {slots}, "
+                         f"started {len(run.procs)})")
+    run.spawn_one(ctx, k, args)
+    conn = run.conns[k]
+    if not conn.poll(START_TIMEOUT):
+        raise WorkerProcessError(k, f"joining worker {k} sent no address within "
+                                    f"{START_TIMEOUT:g} s")
+    msg = conn.recv()
+    if msg[0] != "address":
+        raise WorkerProcessError(k, f"joining worker {k} failed to start: {msg[1]}")
+    addresses.append((str(msg[1][0]), int(msg[1][1])))
+    conn.send(("addresses", addresses + [None] * (slots - len(addresses)), {}, members, True))
 
 
 def _addresses(run: _Run) -> list[tuple[str, int]]:
@@ -470,6 +549,7 @@ def _results(run: _Run) -> list[Any]:
     deferred: tuple[int, Any] | None = None
     grace_end = 0.0
     while run.active:
+        run.serve_launches()
         if deferred is not None and time.monotonic() >= grace_end:
             _raise_first(run.procs, *deferred)
         cap = None if deferred is None else grace_end - time.monotonic()
@@ -480,7 +560,10 @@ def _results(run: _Run) -> list[Any]:
                 raise run.died(i)
             run.finish(i)
             if msg[0] == "result":
-                results[i] = cloudpickle.loads(msg[1])
+                if i < run.workers:
+                    results[i] = cloudpickle.loads(msg[1])
+                else:
+                    run.joined_results[i] = cloudpickle.loads(msg[1])
             elif len(msg) > 3 and msg[3] and run.active:
                 if deferred is None:
                     deferred, grace_end = (i, msg), time.monotonic() + FAILURE_GRACE

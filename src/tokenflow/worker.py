@@ -93,6 +93,9 @@ class Worker:
         or leave (``tokenflow.membership``)."""
         self.peers: int = len(self.roster)
         """The number of workers of the job now (``len(roster)``)."""
+        if joining and routing is None:
+            raise ValueError(f"worker {self.index}: a worker joining a running job needs the "
+                             "job's routing table (its default depends on the roster)")
         self.joining = joining
         """True until this worker, started to join a running job, has received its progress
         state from a running one (``bootstrap``); its dataflows do not run before."""
@@ -316,10 +319,12 @@ class Worker:
         """Send a membership message to ``worker`` (goes out at the next flush)."""
         self._membership_pushers[worker].push(message)
 
-    def set_roster(self, roster: list[int]) -> dict[int, int]:
-        """Make ``roster`` the job's workers: progress batches and broadcast copies go to
-        them from now on (call between steps).  Returns, per dataflow, the sequence number of
-        this worker's next progress batch (the first a newly added worker receives).
+    def set_roster(self, roster: list[int], progress: list[int] | None = None) -> dict[int, int]:
+        """Make ``roster`` the job's workers: broadcast copies go to them from now on, and
+        progress batches to ``progress`` (default ``roster``; a leaving worker still needs
+        them while it finishes what it received).  Call between steps.  Returns, per
+        dataflow, the sequence number of this worker's next progress batch (the first a newly
+        added worker receives).
 
         Raises:
             ValueError: a slot outside the mesh, or a roster without this worker.
@@ -333,8 +338,9 @@ class Worker:
         self.roster = members
         self.peers = len(members)
         floors = {}
+        targets = members if progress is None else sorted(set(progress))
         for index, subgraph in self._dataflows.items():
-            floors[index] = subgraph.progcaster.set_roster(members)
+            floors[index] = subgraph.progcaster.set_roster(targets)
             subgraph.set_copies(len(members))
         return floors
 

@@ -209,7 +209,7 @@ class TcpMesh:
         self.max_frame = min(max_frame, MAX_SEALED_PAYLOAD)
         self.handshake_timeout = handshake_timeout
         self.max_pending = max(1, max_pending)
-        self.addresses: list[Address] = []
+        self.addresses: list[Address | None] = []
         self.sockets: dict[int, socket.socket] = {}
         self.sessions: dict[int, Session] = {}
         self.queues: dict[int, deque[Any]] = {}
@@ -249,33 +249,45 @@ class TcpMesh:
 
     # -- setup -----------------------------------------------------------------------------
 
-    def connect(self, addresses: list[Address], timeout: float = 30.0) -> None:
-        """Form the mesh with the workers at ``addresses`` (indexed by worker).
+    def connect(self, addresses: list[Address | None], timeout: float = 30.0,
+                members: list[int] | None = None) -> None:
+        """Form the mesh with the workers at ``addresses`` (indexed by worker slot; None for a
+        slot without a worker).  ``members``: the workers to connect to now (default every
+        slot); each dials the members below it and accepts the others, so a worker joining a
+        running job later (in a higher slot, slots are never reused) dials every member and
+        the members accept it (``tokenflow.membership``).
 
         Raises:
             MeshSetupError: when a peer cannot be reached or authenticated within ``timeout``.
         """
-        self.addresses = [tuple(a) for a in addresses]  # type: ignore[misc]
+        self.addresses = [tuple(a) if a is not None else None  # type: ignore[misc]
+                          for a in addresses]
+        members = list(range(self.peers)) if members is None else sorted(members)
         accept = threading.Thread(target=self._accept_loop, name=f"tokenflow-accept-{self.index}",
                                   daemon=True)
         accept.start()
         self._threads.append(accept)
         deadline = time.monotonic() + timeout
-        for j in range(self.index):
-            sock, session = self._dial(j, deadline)
-            self._register(j, sock, session)
+        for j in members:
+            if j < self.index:
+                sock, session = self._dial(j, deadline)
+                self._register(j, sock, session)
+        expected = [j for j in members if j != self.index]
         with self._registered:
-            while len(self.sockets) < self.peers - 1:
+            while not all(j in self.sockets for j in expected):
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    missing = [j for j in range(self.peers) if j != self.index and j not in self.sockets]
+                    missing = [j for j in expected if j not in self.sockets]
                     raise MeshSetupError(
                         f"worker {self.index}: workers {missing} did not connect within {timeout:.0f} s"
                     )
                 self._registered.wait(min(left, 0.5))
 
     def _dial(self, j: int, deadline: float) -> tuple[socket.socket, Session]:
-        host, port = self.addresses[j]
+        address = self.addresses[j]
+        if address is None:
+            raise MeshSetupError(f"worker {self.index}: no address for worker {j}")
+        host, port = address
         last: BaseException | None = None
         while time.monotonic() < deadline:
             sock: socket.socket | None = None
@@ -708,6 +720,15 @@ class TcpAllocator:
 
     def park(self, timeout: float) -> None:
         self.mesh.park(timeout)
+
+    def goodbye(self, j: int) -> None:
+        """Send what is buffered for worker ``j``, then the mesh's goodbye: nothing more goes
+        to ``j`` (it is leaving the job)."""
+        outbox = self.outboxes[j]
+        if outbox:
+            self.mesh.send_messages(j, outbox)
+            outbox.clear()
+        self.mesh.send_control(j, KIND_GOODBYE)
 
     def shutdown(self) -> None:
         self.flush()
