@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget")
+COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget", "address")
 """Control-plane commands the ``MembershipAgent`` carries out."""
 
 
@@ -96,6 +96,11 @@ class MembershipAgent:
             worker.set_roster(rest, progress=[*rest, leaver])
             worker.send_membership(leaver, ("farewell", worker.index))
             self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
+        elif kind == "address":  # where a joining worker dials this one
+            mesh = getattr(worker.allocator, "mesh", None)
+            address = mesh.addresses[worker.index] if mesh is not None else None
+            self.link.send({"kind": "address", "worker": worker.index,
+                            "address": list(address) if address is not None else None})
         elif kind == "forget":
             leaver = int(message["leaver"])
             worker.set_roster(list(worker.roster))  # no more progress batches to it
@@ -178,6 +183,26 @@ def _gather(hub: Any, kind: str, workers: Iterable[int], timeout: float,
     return got
 
 
+def addresses(hub: Any, roster: list[int], slots: int, timeout: float,
+              alive: Callable[[], bool]) -> list[tuple[str, int] | None]:
+    """The mesh addresses of the workers of ``roster``, by slot (None for the others): what a
+    runtime that did not see them (Spark: the tasks exchange them among themselves) hands a
+    joining worker.
+
+    Raises:
+        MembershipError: a worker did not answer within ``timeout`` s, or has no address.
+    """
+    for w in roster:
+        hub.send(w, {"kind": "address"})
+    out: list[tuple[str, int] | None] = [None] * slots
+    for w, reply in _gather(hub, "address", roster, timeout, alive).items():
+        if reply.get("address") is None:
+            raise MembershipError(f"worker {w} has no mesh address")
+        host, port = reply["address"]
+        out[w] = (str(host), int(port))
+    return out
+
+
 def join(hub: Any, roster: list[int], joiner: int, timeout: float,
          alive: Callable[[], bool]) -> None:
     """Drive the join of worker ``joiner`` (already started, ``joining=True``) into a job
@@ -216,4 +241,4 @@ def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
     _gather(hub, "forgotten", others, timeout, alive)
 
 
-__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "join", "leave"]
+__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "addresses", "join", "leave"]

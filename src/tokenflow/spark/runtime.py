@@ -63,7 +63,15 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
                report_to: tuple[str, int, str] | None,
                spec: Any = None,
                heartbeat_to: tuple[str, int, str] | None = None,
+               slots: int | None = None,
+               joiner: tuple[int, list[Any], list[int]] | None = None,
                ) -> Callable[..., Iterator[pa.RecordBatch]]:
+    """The barrier task of worker ``partitionId`` of ``workers`` (``slots`` slots), or, with
+    ``joiner = (slot, addresses, roster)``, of a worker joining the running job: a stage of its
+    own that dials the roster at ``addresses`` (``tokenflow.membership``)."""
+    slots = workers if slots is None else slots
+    elastic = slots > workers
+
     def task(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
         from pyspark import BarrierTaskContext
 
@@ -72,7 +80,7 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
         from tokenflow.spark.inputs import split_inputs
 
         ctx = BarrierTaskContext.get()
-        index = ctx.partitionId()
+        index = ctx.partitionId() if joiner is None else joiner[0]
         reporter = Reporter(report_to) if report_to is not None else None
         beats = reporter if heartbeat_to is not None and heartbeat_to == report_to else \
             Reporter(heartbeat_to) if heartbeat_to is not None else None
@@ -82,11 +90,16 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
             host = "127.0.0.1" if local else _task_host()
             listener = bind_listener("0.0.0.0" if not local else "127.0.0.1", 0)
             port = listener.getsockname()[1]
-            gathered = ctx.allGather(json.dumps([index, host, port]))
-            addresses: list[tuple[str, int]] = [("", 0)] * workers
-            for item in gathered:
-                i, h, p = json.loads(item)
-                addresses[i] = (h, p)
+            roster: list[int] | None = list(range(workers)) if elastic else None
+            addresses: list[Any] = [None] * slots
+            if joiner is None:
+                for item in ctx.allGather(json.dumps([index, host, port])):
+                    i, h, p = json.loads(item)
+                    addresses[i] = (h, p)
+            else:
+                addresses = list(joiner[1])
+                addresses[index] = (host, port)
+                roster = list(joiner[2])
             try:
                 fn = cloudpickle.loads(payload)
                 worker_inputs = split_inputs(batches, inputs, TAG)
@@ -94,8 +107,9 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
                 def configure(worker: Any) -> None:
                     worker.inputs = worker_inputs
 
-                result = run_worker(fn, index, workers, listener, addresses, secret, job, configure,
-                                    report_to=report_to, spec=spec, reporter=reporter)
+                result = run_worker(fn, index, slots, listener, addresses, secret, job, configure,
+                                    report_to=report_to, spec=spec, reporter=reporter,
+                                    roster=roster, joining=joiner is not None)
                 out = [index, True, cloudpickle.dumps(result)]
             except BaseException as exc:  # noqa: BLE001 - returned to the driver with its traceback
                 import traceback
@@ -283,7 +297,8 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
                     inputs: dict[str, Any] | None = None, sort_by: dict[str, str] | None = None,
                     spark: Any = None, report_to: tuple[str, int, str] | None = None,
                     spec: Any = None, timeout: float | None = None,
-                    heartbeat_timeout: float | None = DEFAULT_HEARTBEAT_TIMEOUT) -> list[Any]:
+                    heartbeat_timeout: float | None = DEFAULT_HEARTBEAT_TIMEOUT,
+                    slots: int | None = None, control_hub: Any = None) -> list[Any]:
     """Run ``fn`` on ``workers`` barrier tasks of Spark; returns per-worker results in order.
 
     Args:
@@ -302,6 +317,11 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         timeout: seconds before the job is cancelled (None: no limit).
         heartbeat_timeout: seconds without a heartbeat after which a worker is stalled and the
             job cancelled (None: never).
+        slots: worker slots (default ``workers``; the master needs that many task slots):
+            with more, workers can join the running job (``JobHandle.add_worker``), each as a
+            one-task barrier stage of its own on the same SparkSession while the first stage
+            keeps running; the result then has one entry per slot (None for a slot never used).
+        control_hub: the control plane's hub (given the ``launch`` of joining workers).
 
     Raises:
         ValueError: a ``local[n]`` master with fewer than ``workers`` task slots.
@@ -312,12 +332,13 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
     """
     from tokenflow.execute import JobTimeoutError, WorkerError
 
-    spark = spark or spark_session.get_session(master or f"local[{workers}]")
+    slots = workers if slots is None else slots
+    spark = spark or spark_session.get_session(master or f"local[{slots}]")
     sc = spark.sparkContext
     secret = new_secret()
     job = f"tokenflow-spark-{secrets.token_hex(4)}"
     local = sc.master.startswith("local")
-    _check_capacity(sc, workers)
+    _check_capacity(sc, slots)
     layout: list[tuple[str, list[str]]] = []
     if inputs:
         frame, layout = _input_frame(spark, inputs, workers, sort_by or {})
@@ -333,11 +354,42 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         else:
             own = watched = Coordinator(host="127.0.0.1" if local else "0.0.0.0")
             heartbeat_to = _advertised(own, local)
-    task = _make_task(cloudpickle.dumps(fn), secret, job, workers, layout, local, report_to, spec,
-                      heartbeat_to)
+    payload = cloudpickle.dumps(fn)
+    task = _make_task(payload, secret, job, workers, layout, local, report_to, spec,
+                      heartbeat_to, slots)
     liveness = None if heartbeat_timeout is None else Liveness(workers, heartbeat_timeout)
     monitor = _Monitor(sc, job, job, watched, liveness, timeout)
+    joined: dict[int, list[Any]] = {}  # slot -> the rows of its own stage
+    joiners: list[threading.Thread] = []
+    running = threading.Event()
+
+    def launch(k: int, roster: list[int]) -> None:  # a worker joining the running job
+        from tokenflow.membership import addresses
+
+        where = addresses(control_hub, [w for w in roster if w != k], slots, 60.0,
+                          running.is_set)
+        joiner_task = _make_task(payload, secret, job, workers, [], local, report_to, spec,
+                                 heartbeat_to, slots, (k, where, roster))
+        if liveness is not None:
+            liveness.watch(k)
+
+        def stage() -> None:
+            with _job_group(sc, job, f"tokenflow: worker {k} joins"):
+                try:
+                    joined[k] = spark.range(0, 1, numPartitions=1).select().mapInArrow(
+                        joiner_task, RESULT_SCHEMA, barrier=True).collect()
+                except Exception as exc:  # noqa: BLE001 - reported with the job's result
+                    joined[k] = [{"worker": k, "ok": False, "payload": cloudpickle.dumps(
+                        (f"the stage of joining worker {k} failed: {exc}"[:4000], False))}]
+
+        thread = threading.Thread(target=stage, name=f"tokenflow-spark-join-{k}", daemon=True)
+        joiners.append(thread)
+        thread.start()
+
+    if control_hub is not None and slots > workers:
+        control_hub.launch = launch
     start = time.perf_counter()
+    running.set()
     try:
         with _job_group(sc, job, f"tokenflow: {workers} workers"), _quiet_task_logs(sc, local):
             monitor.start()
@@ -354,6 +406,9 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
                 error.spark_error = str(exc)  # type: ignore[attr-defined]
                 raise error from None
             finally:
+                running.clear()
+                for thread in joiners:  # a joined worker ends with the job (or left before)
+                    thread.join(60.0)
                 monitor.stop()
     finally:
         if watched is not None:
@@ -361,9 +416,9 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         if own is not None:
             own.close()
     execute_runtime.last_job_seconds = time.perf_counter() - start  # type: ignore[attr-defined]
-    results: list[Any] = [None] * workers
+    results: list[Any] = [None] * slots
     failures = []
-    for row in rows:
+    for row in [*rows, *(r for k in sorted(joined) for r in joined[k])]:
         value = cloudpickle.loads(row["payload"])
         if row["ok"]:
             results[row["worker"]] = value
