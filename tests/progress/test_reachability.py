@@ -357,3 +357,85 @@ def test_product_loop_frontiers():
     assert (Source(2, 0), Product(0, 5)) not in changes
     assert changes[(Source(2, 0), Product(0, 4))] == -1
     assert changes[(Source(2, 0), Product(0, 6))] == 1
+
+
+# -- observed and unobserved ports ---------------------------------------------------------
+
+
+def idle_chain(length):
+    """source(0) -> `length` nodes that do not notify -> sink (notify)."""
+    builder = Builder()
+    builder.add_node(0, 0, 1, [], name="source", notify=False)
+    for node in range(1, length + 1):
+        builder.add_node(node, 1, 1, one_to_one(Increment(0)), name=f"noop{node}", notify=False)
+        builder.add_edge(Source(node - 1, 0), Target(node, 0))
+    builder.add_node(length + 1, 1, 0, [[]], name="sink")
+    builder.add_edge(Source(length, 0), Target(length + 1, 0))
+    return builder.build()[0]
+
+
+def test_idle_chain_pushes_only_the_observed_input():
+    tracker = idle_chain(64)
+    sink = Target(65, 0)
+    assert tracker.observes(sink)
+    assert not any(tracker.observes(Target(n, 0)) for n in range(1, 65))
+    tracker.update_source(Source(0, 0), 0, 1)
+    tracker.propagate_all()
+    assert drain_pushed(tracker) == [((sink, 0), 1)]
+    for t in range(1, 4):
+        tracker.update_source(Source(0, 0), t, 1)
+        tracker.update_source(Source(0, 0), t - 1, -1)
+        tracker.propagate_all()
+        assert drain_pushed(tracker) == [((sink, t - 1), -1), ((sink, t), 1)]
+    # Unobserved frontiers, computed when asked.
+    assert tracker.frontier(Target(32, 0)) == [3]
+    assert tracker.frontier(Source(64, 0)) == [3]
+    assert tracker.lazy_changes(32) == [((Target(32, 0), 3), 1)]
+    assert tracker.lazy_changes(32) == []
+    tracker.update_target(Target(10, 0), 2, 1)  # a message inside the chain
+    tracker.propagate_all()
+    assert drain_pushed(tracker) == [((sink, 2), 1), ((sink, 3), -1)]
+    assert tracker.frontier(Target(9, 0)) == [3]
+    assert tracker.frontier(Target(11, 0)) == [2]
+    assert sorted(tracker.lazy_changes(32)) == [((Target(32, 0), 2), 1), ((Target(32, 0), 3), -1)]
+    assert tracker.is_global(Target(10, 0), 2)
+    assert not tracker.is_done(32)
+    tracker.update_target(Target(10, 0), 2, -1)
+    tracker.update_source(Source(0, 0), 3, -1)
+    tracker.propagate_all()
+    assert drain_pushed(tracker) == [((sink, 2), -1)]
+    assert tracker.is_done(32) and tracker.is_done(0)
+    assert tracker.lazy_changes(32) == [((Target(32, 0), 2), -1)]
+    assert not tracker.tracking_anything()
+
+
+def test_unobserved_ports_on_a_cycle_are_observed():
+    builder = Builder()
+    for node, delta in enumerate((0, 0, 1)):
+        builder.add_node(node, 1, 1, one_to_one(Increment(delta)), notify=node == 2)
+    builder.add_edge(Source(0, 0), Target(1, 0))
+    builder.add_edge(Source(1, 0), Target(2, 0))
+    builder.add_edge(Source(2, 0), Target(0, 0))
+    tracker, _ = builder.build()
+    assert all(tracker.observes(loc) for n in range(3) for loc in (Source(n, 0), Target(n, 0)))
+
+
+def test_summaries_compose_across_unobserved_nodes():
+    builder = Builder()
+    builder.add_node(0, 0, 1, [], name="source")
+    builder.add_node(1, 1, 1, one_to_one(Increment(2)), name="a", notify=False)
+    builder.add_node(2, 1, 1, [[Antichain([Increment(1, bound=10), Increment(3)])]], name="b",
+                     notify=False)
+    builder.add_node(3, 1, 0, [[]], name="sink")
+    builder.add_edge(Source(0, 0), Target(1, 0))
+    builder.add_edge(Source(1, 0), Target(2, 0))
+    builder.add_edge(Source(2, 0), Target(3, 0))
+    tracker, _ = builder.build()
+    tracker.update_source(Source(0, 0), 5, 1)
+    tracker.propagate_all()
+    assert drain_pushed(tracker) == [((Target(3, 0), 8), 1)]  # 5 + 2 + 1 <= 10
+    tracker.update_source(Source(0, 0), 8, 1)
+    tracker.update_source(Source(0, 0), 5, -1)
+    tracker.propagate_all()
+    assert drain_pushed(tracker) == [((Target(3, 0), 8), -1), ((Target(3, 0), 13), 1)]
+    assert tracker.frontier(Target(2, 0)) == [10]

@@ -17,6 +17,12 @@ inserted and pushed along edges (time unchanged) and operator summaries.  This t
 because every cycle strictly advances time: a time coming back around a cycle is dominated by
 the one that started it, so only finitely many non-dominated (location, time) pairs exist (all
 come from paths without repeated locations).
+
+Every node also gets a random ``notify`` flag.  The tracker maintains frontiers only at
+*observed* locations (inputs of notify nodes, every location on a cycle; the oracle finds cycles
+by searching, from each location, for a path back to it) and computes the others when asked; the
+property checks both against the same oracle, including the changes ``lazy_changes`` reports
+between calls made at random rounds.
 """
 
 from collections import deque
@@ -140,6 +146,39 @@ def has_identity_cycle(graph, product):
     return removed < len(arcs)
 
 
+def oracle_observed(graph):
+    """Inputs of notify nodes, and every location from which a non-empty path leads back."""
+    arcs = {loc: [] for loc in all_locations(graph)}
+    for (sn, sp), (tn, tp) in graph["edges"]:
+        arcs[Source(sn, sp)].append(Target(tn, tp))
+    for node, rows in enumerate(graph["conn"]):
+        for i, row in enumerate(rows):
+            for o, raws in enumerate(row):
+                if raws:
+                    arcs[Target(node, i)].append(Source(node, o))
+    observed = set()
+    for loc in arcs:
+        seen, todo = set(), list(arcs[loc])
+        while todo:
+            nxt = todo.pop()
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.extend(arcs[nxt])
+        if loc in seen or (not loc.is_source and graph["notify"][loc.node]):
+            observed.add(loc)
+    return observed
+
+
+def oracle_is_global(graph, counts, loc, t):
+    """The pointstamps at (loc, t) alone hold back loc's frontier: t is minimal among loc's
+    positive pointstamps, and without them nothing at or before t could reach loc."""
+    own = [s for (l2, s), c in counts.items() if l2 == loc and c > 0]
+    if t not in own or any(s != t and time_le(s, t) for s in own):
+        return False
+    others = {key: c for key, c in counts.items() if key != (loc, t)}
+    return not any(time_le(f, t) for f in oracle_frontiers(graph, others)[loc])
+
+
 def oracle_implication_count(graph, product, counts, front, loc, t):
     """How many (upstream location, frontier time, minimal summary) pairs give ``t`` at loc,
     plus one when ``t`` is a minimal positive pointstamp at ``loc`` itself."""
@@ -179,7 +218,8 @@ def build(graph, product):
              for o in range(outputs)]
             for i in range(inputs)
         ]
-        builder.add_node(node, inputs, outputs, conn, name=f"op{node}")
+        builder.add_node(node, inputs, outputs, conn, name=f"op{node}",
+                         notify=graph["notify"][node])
     for (sn, sp), (tn, tp) in graph["edges"]:
         builder.add_edge(Source(sn, sp), Target(tn, tp))
     return builder
@@ -215,7 +255,8 @@ def scenarios(draw, product):
             st.tuples(st.sampled_from(sources), st.sampled_from(targets)), max_size=2 * n + 2
         )
     )
-    graph = {"shapes": shapes, "conn": conn, "edges": edges}
+    notify = [draw(st.booleans()) for _ in range(n)]
+    graph = {"shapes": shapes, "conn": conn, "edges": edges, "notify": notify}
     locations = all_locations(graph)
     # A small pool of pointstamps makes repeated, cancelling and negative updates likely.
     pool = draw(
@@ -236,7 +277,9 @@ def scenarios(draw, product):
             max_size=4,
         )
     )
-    return graph, rounds
+    # Per round, whether to ask every node for its lazy frontier changes afterwards.
+    asks = draw(st.lists(st.booleans(), min_size=len(rounds), max_size=len(rounds)))
+    return graph, list(zip(rounds, asks, strict=True))
 
 
 # -- the property --------------------------------------------------------------------------
@@ -252,58 +295,86 @@ def check_tracker_against_oracle(graph, rounds, product):
         raise AssertionError("a cycle of identity summaries was accepted")
     tracker, _ = builder.build()  # must not raise: every cycle advances time
 
+    def key(t):
+        return tuple(t) if product else t
+
     locations = all_locations(graph)
+    observed = oracle_observed(graph)
+    assert {loc for loc in locations if tracker.observes(loc)} == observed
     scope_outputs = graph["shapes"][0][0]
     counts: dict = {}
     old = {loc: [] for loc in locations}
+    delivered = {loc: [] for loc in locations if loc not in observed and not loc.is_source}
     output_counts = [dict() for _ in range(scope_outputs)]
-    for updates in rounds:
+    for updates, ask in rounds:
         for (loc, t), diff in updates:
             tracker.update(loc, to_time(t, product), diff)
             counts[(loc, t)] = counts.get((loc, t), 0) + diff
         tracker.propagate_all()
         new = oracle_frontiers(graph, counts)
 
-        # Frontiers.
+        # Frontiers, observed or computed when asked.
         for loc in locations:
             got = tracker.frontier(loc)
             if product:
                 assert all(isinstance(t, Product) for t in got)
-            assert sorted(tuple(t) if product else t for t in got) == sorted(new[loc]), loc
+            assert sorted(key(t) for t in got) == sorted(new[loc]), loc
 
-        # pushed(): per location, the net changes are exactly the frontier difference.
+        # pushed(): per observed location, the net changes are exactly the frontier difference.
         pushed: dict = {}
         for (loc, t), d in tracker.pushed().drain():
-            key = tuple(t) if product else t
-            pushed.setdefault(loc, {})[key] = pushed.get(loc, {}).get(key, 0) + d
-        for loc in locations:
+            pushed.setdefault(loc, {})[key(t)] = pushed.get(loc, {}).get(key(t), 0) + d
+        for loc in observed:
             expected = {t: -1 for t in old[loc] if t not in new[loc]}
             expected.update({t: 1 for t in new[loc] if t not in old[loc]})
             got = {t: d for t, d in pushed.get(loc, {}).items() if d}
             assert got == expected, loc
-        assert set(pushed) <= set(locations)
+        assert set(pushed) <= observed
+
+        # lazy_changes(): per unobserved input, the difference since the previous call.
+        if ask:
+            lazy: dict = {}
+            for node in range(len(graph["shapes"])):
+                for (loc, t), d in tracker.lazy_changes(node):
+                    assert loc.node == node
+                    lazy.setdefault(loc, {})[key(t)] = lazy.get(loc, {}).get(key(t), 0) + d
+            assert set(lazy) <= set(delivered)
+            for loc, before in delivered.items():
+                expected = {t: -1 for t in before if t not in new[loc]}
+                expected.update({t: 1 for t in new[loc] if t not in before})
+                assert {t: d for t, d in lazy.get(loc, {}).items() if d} == expected, loc
+                delivered[loc] = new[loc]
 
         assert tracker.tracking_anything() == any(c > 0 for c in counts.values())
+        for node, (inputs, _outputs) in enumerate(graph["shapes"]):
+            done = all(not new[Target(node, i)] for i in range(inputs)) and not any(
+                c > 0 for (l2, _), c in counts.items() if l2.is_source and l2.node == node
+            )
+            assert tracker.is_done(node) == done, node
 
-        # Implication counts and is_global, for every frontier time and pointstamp time.
+        # is_global, for every frontier time and pointstamp time.  Implication counts of the
+        # unobserved locations (computed by node_state) count each direct predecessor's
+        # frontier elements; observed ones count along the tracker's precomputed arcs.
         for loc in locations:
             per_op = tracker.node_state(loc.node)
             info = per_op.sources[loc.port] if loc.is_source else per_op.targets[loc.port]
             probes = set(new[loc]) | {t for (l2, t) in counts if l2 == loc}
             for t in probes:
-                count = oracle_implication_count(graph, product, counts, new, loc, t)
                 if t in new[loc]:
-                    assert info.implications.count_for(to_time(t, product)) == count, (loc, t)
-                dominated = any(f != t and time_le(f, t) for f in new[loc])
-                expected_global = not dominated and count <= 1
+                    got = info.implications.count_for(to_time(t, product))
+                    if loc in observed:
+                        assert got >= 1, (loc, t)
+                    else:
+                        count = oracle_implication_count(graph, product, counts, new, loc, t)
+                        assert got == count, (loc, t)
+                expected_global = oracle_is_global(graph, counts, loc, t)
                 assert tracker.is_global(loc, to_time(t, product)) == expected_global, (loc, t)
 
         # pushed_output(): accumulated changes at each scope output (node 0's inputs) have as
         # minimal positive elements the times reachable there by non-empty paths.
         for o, batch in enumerate(tracker.pushed_output()):
             for t, d in batch.drain():
-                key = tuple(t) if product else t
-                output_counts[o][key] = output_counts[o].get(key, 0) + d
+                output_counts[o][key(t)] = output_counts[o].get(key(t), 0) + d
             assert all(c >= 0 for c in output_counts[o].values())
             positive = [t for t, c in output_counts[o].items() if c > 0]
             minimal = sorted(t for t in positive if not any(
@@ -333,6 +404,7 @@ def test_tracker_matches_oracle_product_times(scenario):
 
 def test_oracle_on_three_node_cycle():
     graph = {
+        "notify": [True, True, True],
         "shapes": [(1, 1), (1, 1), (1, 1)],
         "conn": [[[[(0, None)]]], [[[(0, None)]]], [[[(1, None)]]]],
         "edges": [((0, 0), (1, 0)), ((1, 0), (2, 0)), ((2, 0), (0, 0))],

@@ -198,7 +198,7 @@ class SubgraphBuilder:
                 raise RuntimeError(f"scope {self.name!r}: child {index} was reserved but not built")
             if index:
                 builder.add_node(index, child.inputs, child.outputs, child.internal_summary,
-                                 name=child.name)
+                                 name=child.name, notify=child.notify)
         for source, target, weight in self.edge_stash:
             builder.add_edge(source, target)
             child = self.children[source.node]
@@ -301,16 +301,16 @@ class Subgraph:
 
     def activate_child(self, index: int) -> bool:
         child = self.children[index]
+        if not child.notify:  # its frontiers were not pushed: it reads them only now
+            frontiers = child.shared_progress.frontiers
+            for (location, time), diff in self.tracker.lazy_changes(index):
+                frontiers[location.port].update(time, diff)
         incomplete = child.schedule()
         if incomplete != self.incomplete[index]:
             self.incomplete_count += 1 if incomplete else -1
             self.incomplete[index] = incomplete
-        if not incomplete and child.operator is not None:
-            state = self.tracker.node_state(index)
-            if all(t.implications.is_empty() for t in state.targets) and all(
-                s.pointstamps.is_empty() for s in state.sources
-            ):
-                child.shut_down()
+        if not incomplete and child.operator is not None and self.tracker.is_done(index):
+            child.shut_down()
         if child.local:
             child.extract_progress(self.local_pointstamp, self.temp_active)
         else:
