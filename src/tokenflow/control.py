@@ -31,14 +31,20 @@ Commands (driver -> workers) and replies (workers -> driver):
 ``continue``
     not quiescent yet (the job's records sent and received differ): step and reply ``idle``
     again.
-``snapshot`` ``root``, ``job``, ``epoch``, ``previous``
+``snapshot`` ``root``, ``job``, ``epoch``, ``previous``, ``resume``
     capture this worker's part of the snapshot (``tokenflow.state.snapshot``: every declared
-    state's bins, exported now, and the source positions as metadata) and reply
-    ``captured``; a background thread writes the part (incremental: blobs unchanged since
-    the worker's part of the committed snapshot at epoch ``previous`` are referenced, not
-    written) and replies ``written`` (or ``write_failed`` with the ``error``).  The worker
-    awaits the next command (``resume`` or ``stop``) without stepping, so the driver can
-    resume the job while the files are written (an asynchronous checkpoint).
+    state's bins changed since the committed snapshot at epoch ``previous``, or all of them,
+    exported now (``tokenflow.state.changes``), and the source positions as metadata) and
+    reply ``captured`` (with ``bins_exported``); a background thread writes the part
+    (incremental: bins unchanged since the worker's part of the committed snapshot at epoch
+    ``previous`` are referenced, not written) and replies ``written`` (or ``write_failed``
+    with the ``error``).  With ``resume`` true, the worker then resumes its sources at once
+    and steps on while the files are written (an asynchronous checkpoint); otherwise it awaits
+    the next command (``resume`` or ``stop``) without stepping.  Resuming without waiting for
+    the other workers' captures is safe: when the driver sends ``snapshot`` every worker is
+    waiting for the verdict without stepping, and it captures as soon as the command comes,
+    before it steps again, so what a resumed worker sends (times at or after the epoch) waits
+    unread in the mesh until its receiver has captured.
 ``resume`` / ``stop``
     sources go on / the worker ends its dataflows and returns.
 
@@ -64,6 +70,7 @@ from typing import Any, Protocol
 from tokenflow.membership import COMMANDS as MEMBERSHIP_COMMANDS
 from tokenflow.membership import MembershipAgent
 from tokenflow.state.bins import RoutingTable
+from tokenflow.state.changes import ChangeLog
 from tokenflow.state.snapshot import SnapshotError, WorkerPart, commit_snapshot, write_worker_part
 
 
@@ -204,6 +211,7 @@ class ControlAgent:
         self.round: Any = None  # the protocol round of the last command, echoed in replies
         self._writer: threading.Thread | None = None
         self._parts: dict[int, dict[str, dict[int, list[int]]]] = {}  # epoch -> blob entries
+        self._changes = ChangeLog()  # bins changed per capture not yet committed
 
     def __call__(self, worker: Any) -> None:
         message: dict[str, Any] | None = self.link.poll(0.0)
@@ -242,27 +250,32 @@ class ControlAgent:
         return message
 
     def _capture(self, worker: Any, message: dict[str, Any]) -> None:
-        """Export every state and the source positions now, reply ``captured`` and write the
-        part on a background thread, which replies ``written`` or ``write_failed``."""
+        """Capture every state (incrementally: the bins changed since the checkpoint named
+        ``previous``, ``tokenflow.state.changes``) and the source positions now, reply
+        ``captured`` and write the part on a background thread, which replies ``written`` or
+        ``write_failed``."""
         if self._writer is not None:
             self._writer.join()  # one part in flight per worker
         epoch = int(message["epoch"])
         previous = message.get("previous")
-        states = worker.export_states()
-        meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
         if not self._parts and getattr(worker, "restore", None) is not None:
             self._parts = {int(worker.restore.epoch): worker.restore.entries(worker.index,
                                                                              worker.routing)}
         base = self._parts.get(int(previous)) if previous is not None else None
+        capture = self._changes.capture(getattr(worker, "states", {}), epoch,
+                                        None if previous is None else int(previous), base)
+        states, changed = capture.tables, capture.changed
+        meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
-        self.link.send({"kind": "captured", "worker": index, "epoch": epoch, "round": round_})
+        self.link.send({"kind": "captured", "worker": index, "epoch": epoch, "round": round_,
+                        "bins_exported": capture.exported, "full": len(capture.full)})
 
         def write() -> None:
             try:
                 part = write_worker_part(message["root"], job=message["job"], epoch=epoch,
                                          worker=index, bins=bins, states=states, meta=meta,
-                                         previous=base)
+                                         previous=base, changed=changed)
             except Exception as exc:  # noqa: BLE001 - reported to the driver
                 self.link.send({"kind": "write_failed", "worker": index, "round": round_,
                                 "error": f"{type(exc).__name__}: {exc}"[:2000]})
@@ -278,6 +291,12 @@ class ControlAgent:
 
         self._writer = threading.Thread(target=write, name=f"tokenflow-snapshot-{index}", daemon=True)
         self._writer.start()
+
+    def _resume(self, worker: Any) -> None:
+        self.pause_epoch = None
+        self.draining = False
+        for source in self._sources(worker):
+            source.resume()
 
     def finish(self) -> None:
         """Wait for a part still being written (before the worker returns)."""
@@ -311,12 +330,12 @@ class ControlAgent:
             return None
         elif kind == "snapshot":
             self._capture(worker, message)
+            if message.get("resume"):
+                self._resume(worker)  # see ``snapshot`` in the module docstring
+                return None
             return self._await(worker)
         elif kind == "resume":
-            self.pause_epoch = None
-            self.draining = False
-            for source in self._sources(worker):
-                source.resume()
+            self._resume(worker)
         elif kind == "rescale":
             roster = [int(w) for w in message["roster"]]
             strategy = str(message.get("strategy", "batched"))
@@ -406,6 +425,8 @@ class SnapshotStats:
         phases: seconds from ``hold`` until each protocol step completed: ``held``,
             ``paused`` (every source at the epoch), ``idle`` (quiescent), ``captured``,
             ``written``.
+        bins_exported: (state, bin) tables exported by all workers' captures (the changed
+            bins of an incremental capture, every bin of a full one).
     """
 
     epoch: int
@@ -414,6 +435,7 @@ class SnapshotStats:
     bytes_written: int
     bytes_reused: int
     phases: dict[str, float] = field(default_factory=dict)
+    bins_exported: int = 0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -493,11 +515,10 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
             phases["idle"] = time.monotonic() - began
             break
         send_all("continue")
-    send_all("snapshot", root=root, job=job, epoch=epoch, previous=previous)
-    gather("captured")
+    # without stop, each worker resumes its sources as soon as it has captured its state
+    send_all("snapshot", root=root, job=job, epoch=epoch, previous=previous, resume=not stop)
+    captured = gather("captured")
     paused = phases["captured"] = time.monotonic() - began
-    if not stop:
-        send_all("resume")
     written = gather("written")
     phases["written"] = time.monotonic() - began
     parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]),
@@ -509,7 +530,8 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
     if stats is not None:
         stats.append(SnapshotStats(epoch, paused, time.monotonic() - began,
                                    sum(p.bytes_written for p in parts),
-                                   sum(p.bytes_reused for p in parts), phases))
+                                   sum(p.bytes_reused for p in parts), phases,
+                                   sum(int(r.get("bins_exported", 0)) for r in captured.values())))
     return epoch
 
 

@@ -170,6 +170,7 @@ class Worker:
         self.states[key] = state
         if self.restore is not None:
             state.load(self.restore.read(key, owned.tolist()))
+            state.mark_unchanged()  # the next checkpoint builds on this snapshot
 
     def register_source(self, key: str, handle: Any, weak: bool = False) -> None:
         """Declare a replayable source (its ``SourceHandle``: ``pause_at``, ``resume``,

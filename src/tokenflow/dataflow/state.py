@@ -25,6 +25,14 @@ it owns when a job is restored — at any worker count, since a key's bin does n
 
 Each also reports ``pending_times()``: the times of pending work for which its operator holds
 tokens, so an operator restoring the state re-mints exactly those tokens.
+
+**Changed bins.**  A state may record which of its bins changed (``take_changes``), so that a
+checkpoint exports only those and references the others in the previous checkpoint's files
+(``tokenflow.state.changes``).  ``KeyedState`` does: every key read or written through it (or
+through its ``data`` dict) since the last capture counts as changed, so a value mutated in
+place after being read is caught.  The other states do not track (``take_changes`` returns
+None): a checkpoint exports them whole and the snapshot writer finds their unchanged bins by
+checksum, as before.
 """
 
 from __future__ import annotations
@@ -151,6 +159,110 @@ class BinnedState(ABC):
         """Times at which the operator holds tokens because of this state (default none)."""
         return []
 
+    def take_changes(self) -> set[int] | None:
+        """The bins whose exported table may differ from what it was at the previous call (or
+        at ``mark_unchanged``, or when the state was created empty), and forget them: the
+        bins a checkpoint must export again.  A bin whose rows all went (taken, discarded,
+        deleted) is included.  None (the default): the state does not track its changes,
+        and every bin must be exported."""
+        return None
+
+    def mark_unchanged(self) -> None:
+        """Forget the changes recorded so far: the state now holds exactly what the snapshot
+        it was just loaded from holds (called by the worker after a restore's ``load``).
+        The default does nothing (a state that does not track has nothing to forget)."""
+        return None
+
+
+class TrackedDict(dict[K, V]):
+    """A ``dict`` that records in ``touched`` every key read or written through it.
+
+    Reads count because a value read may be mutated in place (``d[k].append(x)``); iterating
+    ``values()`` or ``items()`` (or ``copy()``) touches every key.  Membership tests, ``len``,
+    ``keys()`` and iterating the keys touch nothing.  ``dict.__getitem__(d, k)`` and the other
+    unbound ``dict`` methods bypass the record (the state's own export uses them).
+
+    Once more than ``limit`` keys are touched, ``flush()`` is called (``KeyedState`` folds
+    them into its bin index, keeping the record's memory bounded).
+    """
+
+    __slots__ = ("flush", "limit", "touched")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        dict.__init__(self, *args, **kwargs)
+        self.touched: set[Any] = set()
+        self.limit = 1 << 16
+        self.flush: Callable[[], None] | None = None
+
+    def __reduce__(self) -> Any:
+        return (TrackedDict, (dict(dict.items(self)),), {"touched": set(self.touched)})
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.touched = set(state.get("touched", ()))
+
+    def maybe_flush(self) -> None:
+        """Call ``flush`` once more than ``limit`` keys are touched."""
+        if len(self.touched) > self.limit and self.flush is not None:
+            self.flush()
+
+    def __getitem__(self, key: K) -> V:
+        self.touched.add(key)
+        return dict.__getitem__(self, key)
+
+    def get(self, key: K, default: Any = None) -> Any:  # type: ignore[override]
+        self.touched.add(key)
+        return dict.get(self, key, default)
+
+    def __setitem__(self, key: K, value: V) -> None:
+        self.touched.add(key)
+        dict.__setitem__(self, key, value)
+        self.maybe_flush()
+
+    def __delitem__(self, key: K) -> None:
+        self.touched.add(key)
+        dict.__delitem__(self, key)
+
+    def pop(self, key: K, *default: Any) -> Any:  # type: ignore[override]
+        self.touched.add(key)
+        return dict.pop(self, key, *default)
+
+    def popitem(self) -> tuple[K, V]:
+        item = dict.popitem(self)
+        self.touched.add(item[0])
+        return item
+
+    def setdefault(self, key: K, default: Any = None) -> Any:  # type: ignore[override]
+        self.touched.add(key)
+        out = dict.setdefault(self, key, default)
+        self.maybe_flush()
+        return out
+
+    def update(self, *args: Any, **kwargs: Any) -> None:  # type: ignore[override]
+        other = dict(*args, **kwargs)
+        self.touched.update(other)
+        dict.update(self, other)
+        self.maybe_flush()
+
+    def __ior__(self, other: Any) -> TrackedDict[K, V]:  # type: ignore[override,misc]
+        self.update(other)
+        return self
+
+    def clear(self) -> None:
+        self.touched.update(dict.keys(self))
+        dict.clear(self)
+
+    def values(self) -> Any:
+        self.touched.update(dict.keys(self))
+        return dict.values(self)
+
+    def items(self) -> Any:
+        self.touched.update(dict.keys(self))
+        return dict.items(self)
+
+    def copy(self) -> dict[K, V]:
+        self.touched.update(dict.keys(self))
+        return dict(dict.items(self))
+
 
 class KeyedState(BinnedState, MutableMapping[K, V]):
     """A ``dict`` from key to value, exported per bin of the key's stable routing hash.
@@ -158,11 +270,33 @@ class KeyedState(BinnedState, MutableMapping[K, V]):
     Keys must be what the operator's exchange routes by (``int`` or ``str`` hash by value,
     anything else by ``str(key)``), so that the keys on a worker are those of its bins.
     ``times``, when given, maps a value to the times its operator holds tokens for.
+
+    ``data`` is the underlying ``TrackedDict``: use it as a plain ``dict`` (a fold may hold on
+    to it).  Every key read or written through the state or ``data`` is recorded and, when
+    ``take_changes`` (or an export) next runs, hashed once to its bin (one vectorized hash of
+    the touched keys), which is then counted as changed; a bin index (bin -> keys) kept that
+    way lets ``export(bins)``, ``take`` and ``discard`` visit only the keys of those bins.
+    Not seen: a value mutated in place after the capture that followed its last read through
+    the state (hold values across epochs only through the state, or write them back).
     """
 
     def __init__(self, times: Callable[[V], Iterable[Any]] | None = None) -> None:
-        self.data: dict[K, V] = {}
+        self.data: TrackedDict[K, V] = TrackedDict()
+        self.data.flush = self._index
         self._times = times
+        self._members: dict[int, dict[K, None]] = {}  # bin -> its keys (indexed ones)
+        self._changed: set[int] = set()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.data.flush = self._index  # (a TrackedDict pickles its items and marks only)
+
+    def attach(self, bins: int, home_bin: int) -> None:
+        if bins != self.bins and self._members:  # indexed under another bin count: redo
+            for keys in self._members.values():
+                self.data.touched.update(keys)
+            self._members = {}
+        super().attach(bins, home_bin)
 
     def __getitem__(self, key: K) -> V:
         return self.data[key]
@@ -173,45 +307,86 @@ class KeyedState(BinnedState, MutableMapping[K, V]):
     def __delitem__(self, key: K) -> None:
         del self.data[key]
 
+    def __contains__(self, key: object) -> bool:
+        return dict.__contains__(self.data, key)
+
     def __iter__(self) -> Iterator[K]:
         return iter(self.data)
 
     def __len__(self) -> int:
         return len(self.data)
 
-    def _grouped(self, bins: Iterable[int] | None) -> dict[int, list[K]]:
-        """Keys by bin (only ``bins`` when given), from one vectorized hash of all keys."""
-        keys = list(self.data)
-        return group_by_bin(keys, key_bins(keys, self.bins or 1), bins)
+    def _index(self) -> None:
+        """Fold the touched keys into the bin index; their bins count as changed."""
+        data = self.data
+        touched = data.touched
+        if not touched:
+            return
+        keys = list(touched)
+        touched.clear()
+        members, changed = self._members, self._changed
+        present = dict.__contains__
+        for k, b in zip(keys, key_bins(keys, self.bins or 1).tolist(), strict=True):
+            changed.add(b)
+            if present(data, k):
+                group = members.get(b)
+                if group is None:
+                    group = members[b] = {}
+                group[k] = None
+            else:
+                group = members.get(b)
+                if group is not None:
+                    group.pop(k, None)
+                    if not group:
+                        del members[b]
+        data.limit = max(1 << 16, 2 * len(data))
+
+    def _bins(self, bins: Iterable[int] | None) -> list[int]:
+        self._index()
+        if bins is None:
+            return sorted(self._members)
+        return sorted(b for b in set(bins) if b in self._members)
 
     def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
-        data = self.data
-        return {b: pickled({k: data[k] for k in keys}) for b, keys in self._grouped(bins).items()}
+        data, members, get = self.data, self._members, dict.__getitem__
+        return {b: pickled({k: get(data, k) for k in members[b]}) for b in self._bins(bins)}
 
     def load(self, parts: Mapping[int, pa.Table]) -> None:
-        for table in parts.values():
+        data, members = self.data, self._members
+        for b, table in parts.items():
             for mapping in unpickled(table):
-                self.data.update(mapping)
+                dict.update(data, mapping)
+                members.setdefault(b, {}).update(dict.fromkeys(mapping))
+                self._changed.add(b)
 
     def discard(self, bins: Iterable[int]) -> None:
-        for keys in self._grouped(bins).values():
-            for k in keys:
-                del self.data[k]
+        data = self.data
+        for b in self._bins(bins):
+            for k in self._members.pop(b):
+                dict.__delitem__(data, k)
+            self._changed.add(b)
 
     def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:
-        """``export(bins)`` then ``discard(bins)``, hashing the keys once."""
-        data = self.data
-        out = {}
-        for b, keys in self._grouped(bins).items():
-            out[b] = pickled({k: data[k] for k in keys})
-            for k in keys:
-                del data[k]
+        """``export(bins)`` then ``discard(bins)``, visiting only those bins' keys."""
+        data, out = self.data, {}
+        for b in self._bins(bins):
+            out[b] = pickled({k: dict.pop(data, k) for k in self._members.pop(b)})
+            self._changed.add(b)
         return out
+
+    def take_changes(self) -> set[int]:
+        self._index()
+        changed, self._changed = self._changed, set()
+        return changed
+
+    def mark_unchanged(self) -> None:
+        self._index()
+        self._changed = set()
 
     def pending_times(self) -> list[Any]:
         if self._times is None:
             return []
-        return sorted({t for v in self.data.values() for t in self._times(v)})
+        return sorted({t for v in dict.values(self.data) for t in self._times(v)})
 
 
 class LocalState(BinnedState, Generic[S]):
@@ -248,6 +423,5 @@ class LocalState(BinnedState, Generic[S]):
         return sorted(set(self._times(self.value)))
 
 
-__all__ = ["PICKLE_SCHEMA", "BinnedState", "KeyedState", "LocalState", "group_by_bin", "key_bins",
-           "pickled",
-           "split_by_bin", "unpickled"]
+__all__ = ["PICKLE_SCHEMA", "BinnedState", "KeyedState", "LocalState", "TrackedDict", "group_by_bin",
+           "key_bins", "pickled", "split_by_bin", "unpickled"]

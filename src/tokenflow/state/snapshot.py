@@ -27,7 +27,9 @@ Layout under ``root`` (a directory on a ``pyarrow.fs.FileSystem``)::
 Incremental snapshots (checkpoints, ``tokenflow.recovery``): a worker that passes the entries
 of its previous committed part as ``previous`` writes only the blobs whose bytes changed (same
 crc32 and length: unchanged); the index entry of an unchanged blob names where it lives, with
-two more fields, the epoch and the worker of the ``.bins`` file that holds it.  ``prune`` keeps
+two more fields, the epoch and the worker of the ``.bins`` file that holds it.  When the state
+recorded which bins it changed (``changed=``, ``tokenflow.state.changes``), only those are
+handed over and serialized; the others are referenced without being looked at.  ``prune`` keeps
 the ``.bins`` files that retained snapshots still point into (and drops the rest of those
 older directories, manifest first).
 
@@ -297,17 +299,32 @@ def _checked_states(states: Mapping[str, Mapping[int, pa.Table]],
 
 class _BlobWriter:
     """Serializes the non-empty bins of each state, recording the index as it goes; a blob
-    equal (crc32 and length) to the ``previous`` part's entry is referenced, not written."""
+    equal (crc32 and length) to the ``previous`` part's entry is referenced, not written.  For
+    a state in ``changed`` (an incremental capture) every bin of the ``previous`` part not in
+    its changed set is referenced without being serialized."""
 
     def __init__(self, states: list[tuple[str, list[tuple[int, pa.Table]]]], epoch: int,
-                 worker: int, previous: Mapping[str, Mapping[int, Sequence[int]]] | None) -> None:
+                 worker: int, previous: Mapping[str, Mapping[int, Sequence[int]]] | None,
+                 changed: Mapping[str, set[int]] | None = None) -> None:
         self.states = states
         self.epoch = epoch
         self.worker = worker
         self.previous = previous or {}
+        self.changed = changed or {}
         self.index: dict[str, dict[str, list[int]]] = {}
         self.entries: dict[str, dict[int, Entry]] = {}
         self.reused = 0
+
+    def _keep_unchanged(self, state: str, entries: dict[str, list[int]],
+                        absolute: dict[int, Entry]) -> None:
+        """Reference every bin of the previous part that the incremental capture of
+        ``state`` did not change."""
+        changed = self.changed[state]
+        for b, old in self.previous[state].items():
+            if b in changed:
+                continue
+            entries[str(b)] = absolute[b] = [int(x) for x in old]
+            self.reused += int(old[1])
 
     def chunks(self) -> Iterable[pa.Buffer]:
         offset = 0
@@ -315,6 +332,8 @@ class _BlobWriter:
             entries = self.index.setdefault(state, {})
             absolute = self.entries.setdefault(state, {})
             before = self.previous.get(state, {})
+            if state in self.changed:
+                self._keep_unchanged(state, entries, absolute)
             for b, table in per_bin:
                 if table.num_rows == 0:
                     continue
@@ -332,11 +351,44 @@ class _BlobWriter:
                 yield blob
 
 
+def _checked_changes(checked: list[tuple[str, list[tuple[int, pa.Table]]]],
+                     changed: Mapping[str, Iterable[int] | None] | None,
+                     previous: Mapping[str, Mapping[int, Sequence[int]]] | None,
+                     bins: int) -> dict[str, set[int]]:
+    """The incremental states of ``changed`` (those not None) with their changed bins,
+    checked: each is in ``previous`` with absolute entries, and exports only changed bins."""
+    out: dict[str, set[int]] = {}
+    names = {state for state, _ in checked}
+    for state, marks in (changed or {}).items():
+        if marks is None:
+            continue
+        if state not in names:
+            raise ValueError(f"changed bins given for state {state!r}, which is not in states")
+        if previous is None or state not in previous:
+            raise ValueError(f"state {state!r}: changed bins given without its previous "
+                             f"entries (an incremental capture needs them)")
+        if any(len(e) != 6 for e in previous[state].values()):
+            raise ValueError(f"state {state!r}: previous entries must be absolute "
+                             f"(WorkerPart.entries)")
+        marked = {int(b) for b in marks}
+        if marked and not (0 <= min(marked) and max(marked) < bins):
+            raise ValueError(f"state {state!r}: changed bins must be in [0, {bins})")
+        out[state] = marked
+    for state, per_bin in checked:
+        if state in out:
+            extra = sorted(b for b, _ in per_bin if b not in out[state])
+            if extra:
+                raise ValueError(f"state {state!r}: bins {extra[:5]} exported but not marked "
+                                 f"changed")
+    return out
+
+
 def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, worker: int, bins: int,
                       states: Mapping[str, Mapping[int, pa.Table]],
                       meta: Mapping[str, Any] | None = None,
                       filesystem: pafs.FileSystem | None = None,
-                      previous: Mapping[str, Mapping[int, Sequence[int]]] | None = None) -> WorkerPart:
+                      previous: Mapping[str, Mapping[int, Sequence[int]]] | None = None,
+                      changed: Mapping[str, Iterable[int] | None] | None = None) -> WorkerPart:
     """Write ``worker``'s part of the snapshot at ``epoch``: its ``.bins`` blobs, then its
     ``.json`` index, each atomically; writing the same part again replaces it.
 
@@ -353,12 +405,18 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
         previous: the ``entries`` of this worker's part of an earlier *committed* snapshot
             under ``root`` (incremental: blobs whose bytes did not change are referenced
             there instead of written again).
+        changed: per state, the bins changed since ``previous`` (an incremental capture,
+            ``tokenflow.state.changes``): ``states`` then holds the tables of changed bins
+            only (a changed bin without a table, or with an empty one, is gone), and every
+            other bin of the state's ``previous`` entries is referenced without being
+            serialized; None for a state (or no ``changed``): ``states`` holds all its bins.
 
     Returns:
         The ``WorkerPart`` to pass to ``commit_snapshot``.
 
     Raises:
-        ValueError / TypeError: bad arguments (nothing is written).
+        ValueError / TypeError: bad arguments (nothing is written), among them changed bins
+            for a state without previous entries, or a table for a bin not marked changed.
         SnapshotError: the snapshot at ``epoch`` is already committed.
         OSError: the filesystem failed (no partial file is left under a final name).
     """
@@ -368,6 +426,7 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
     _check_non_negative(worker, "worker")
     check_bins(bins)
     checked = _checked_states(states, bins)
+    incremental = _checked_changes(checked, changed, previous, bins)
     meta_doc = _json_object(meta, "worker meta")
     fs, base = _resolve(root, filesystem)
     directory = _join(base, name)
@@ -376,7 +435,7 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
         raise SnapshotError(f"{manifest}: the snapshot at epoch {epoch} is already committed; "
                             f"its parts cannot be rewritten")
     _make_dir(fs, base, directory)
-    blobs = _BlobWriter(checked, epoch, worker, previous)
+    blobs = _BlobWriter(checked, epoch, worker, previous, incremental)
     bins_size, bins_crc = _write_file(fs, directory, _part_name(worker, "bins"), blobs.chunks())
     crash_point("snapshot.part")
     index = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins, "worker": worker,
