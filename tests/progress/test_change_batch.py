@@ -1,4 +1,4 @@
-"""``ChangeBatch``: lazily compacted ``key -> diff`` updates, checked against a dict model."""
+"""``ChangeBatch``: consolidated ``key -> diff`` updates, checked against a dict model."""
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -83,8 +83,8 @@ def test_many_updates_to_one_key_stay_small():
     for _ in range(1000):
         batch.update("k", 1)
         batch.update("k", -1)
-    # Lazy compaction must bound the buffer (it compacts when it doubles past 32 entries).
-    assert len(batch._updates) <= 66
+    # Only keys with a non-zero total are held.
+    assert len(batch._updates) <= 1
     assert batch.is_empty()
 
 
@@ -158,14 +158,13 @@ def test_change_batch_matches_dict_model(operations):
 
 @settings()
 @given(st.lists(st.integers(min_value=0, max_value=11), min_size=33, max_size=150))
-def test_long_update_sequences_compact_correctly(codes):
-    # Long sequences go through the automatic compaction in ``update``.
+def test_long_update_sequences_stay_consolidated(codes):
+    # The batch holds exactly the keys with a non-zero total after every update.
     batch = ChangeBatch()
     model: dict[int, int] = {}
     for code in codes:
         k, d = code >> 1, (1 if code & 1 else -1)
         batch.update(k, d)
         model[k] = model.get(k, 0) + d
-        # The buffer never grows beyond twice the live size plus the slack of 32 (+1 pending).
-        assert len(batch._updates) <= max(33, 2 * len(model) + 2)
+        assert len(batch._updates) == len(consolidated(model))
     check_contents(batch, model)

@@ -1,9 +1,10 @@
-"""``ChangeBatch``: a collection of ``(key, diff)`` updates, compacted lazily.
+"""``ChangeBatch``: a collection of ``(key, diff)`` updates, always consolidated.
 
 Source: notes on timely-dataflow's ``progress/`` ("SharedProgress"); timely's
-``progress/change_batch.rs``.  Updates are appended (O(1)); the batch consolidates (sums diffs
-per key, drops zeros) only when asked for its contents or when it holds more than twice as many
-entries as after the last consolidation, so a hot loop of updates costs a list append each.
+``progress/change_batch.rs``.  Timely appends updates and consolidates lazily; here the batch is
+a ``dict`` of non-zero totals, updated in place: one lookup and one store (or delete) per update
+costs less in Python than an append now and a re-hash of every entry at each consolidation
+later, and the batch never holds more entries than keys with a non-zero total.
 
 A batch belongs to one thread (its worker's): ``update`` and the readers are not thread-safe.
 Another thread may only call ``defer``, which queues an update on a ``collections.deque``
@@ -26,13 +27,16 @@ _DEFER_LOCK = threading.Lock()
 
 
 class ChangeBatch(Generic[K]):
-    """A lazily consolidated multiset of ``key → diff`` (diff an ``int``, may be negative)."""
+    """A multiset of ``key → diff`` (diff an ``int``, may be negative), zero totals dropped.
 
-    __slots__ = ("_updates", "_clean", "_deferred")
+    ``_updates`` is the ``dict`` of non-zero totals (its truth value: "anything here", apart
+    from deferred updates).
+    """
+
+    __slots__ = ("_updates", "_deferred")
 
     def __init__(self, updates: Iterable[tuple[K, int]] | None = None) -> None:
-        self._updates: list[tuple[K, int]] = []
-        self._clean = 0
+        self._updates: dict[K, int] = {}
         self._deferred: deque[tuple[K, int]] | None = None  # updates from other threads
         if updates is not None:
             self.extend(updates)
@@ -48,16 +52,17 @@ class ChangeBatch(Generic[K]):
         """Add ``diff`` to the count of ``key``."""
         if diff:
             updates = self._updates
-            updates.append((key, diff))
-            n = len(updates)  # ``_maintain`` inlined: this is the progress hot path
-            if n > 32 and n >> 1 >= self._clean:
-                self.compact()
+            count = updates.get(key, 0) + diff
+            if count:
+                updates[key] = count
+            else:
+                del updates[key]
 
     def defer(self, key: K, diff: int) -> None:
         """Queue ``(key, diff)`` from any thread; the owner applies it at its next read.
 
         Thread-safe (unlike ``update``): the update goes to a ``deque`` created on first use,
-        never to the list the owner is working on.
+        never to the dict the owner is working on.
         """
         if not diff:
             return
@@ -70,53 +75,42 @@ class ChangeBatch(Generic[K]):
         deferred.append((key, diff))
 
     def _absorb(self) -> None:
-        """Move deferred updates into the batch (owner thread only)."""
+        """Apply deferred updates (owner thread only)."""
         deferred = self._deferred
         if deferred:  # None or an empty deque: nothing to do
             pop = deferred.popleft
-            append = self._updates.append
             while True:
                 try:
-                    append(pop())
+                    key, diff = pop()
                 except IndexError:  # emptied (another thread may still append later)
                     break
+                self.update(key, diff)
 
     def extend(self, updates: Iterable[tuple[K, int]]) -> None:
         """Add every ``(key, diff)`` of ``updates``."""
-        self._updates.extend(u for u in updates if u[1])
-        self._maintain()
-
-    def _maintain(self) -> None:
-        n = len(self._updates)
-        if n > 32 and n >> 1 >= self._clean:
-            self.compact()
+        counts = self._updates
+        get = counts.get
+        for key, diff in updates:
+            if diff:
+                count = get(key, 0) + diff
+                if count:
+                    counts[key] = count
+                else:
+                    del counts[key]
 
     def compact(self) -> None:
-        """Consolidate: one entry per key with a non-zero total."""
+        """Apply deferred updates (the batch is otherwise always consolidated)."""
         if self._deferred:
             self._absorb()
-        n = len(self._updates)
-        if n <= 1:  # zero diffs are never stored, so one update is already consolidated
-            self._clean = n
-            return
-        acc: dict[K, int] = {}
-        get = acc.get
-        for key, diff in self._updates:
-            acc[key] = get(key, 0) + diff
-        self._updates = [(k, d) for k, d in acc.items() if d]
-        self._clean = len(self._updates)
 
     def is_empty(self) -> bool:
         """True when every key's total is zero."""
         if self._deferred:
             self._absorb()
-        if self._clean == len(self._updates):
-            return self._clean == 0
-        self.compact()
         return not self._updates
 
     def __len__(self) -> int:
-        """Number of keys with a non-zero total (consolidates)."""
+        """Number of keys with a non-zero total."""
         self.compact()
         return len(self._updates)
 
@@ -124,37 +118,37 @@ class ChangeBatch(Generic[K]):
         return not self.is_empty()
 
     def __iter__(self) -> Iterator[tuple[K, int]]:
-        """The consolidated ``(key, diff)`` pairs, without draining."""
-        self.compact()
-        return iter(list(self._updates))
+        """The ``(key, diff)`` pairs, without draining."""
+        return iter(self.iter())
 
     def iter(self) -> list[tuple[K, int]]:
-        """The consolidated ``(key, diff)`` pairs as a list, without draining."""
+        """The ``(key, diff)`` pairs as a list, without draining."""
         self.compact()
-        return list(self._updates)
+        return list(self._updates.items())
 
     def drain(self) -> list[tuple[K, int]]:
-        """Remove and return the consolidated ``(key, diff)`` pairs."""
-        self.compact()
-        out = self._updates
-        self._updates = []
-        self._clean = 0
+        """Remove and return the ``(key, diff)`` pairs (totals, none zero)."""
+        if self._deferred:
+            self._absorb()
+        out = list(self._updates.items())
+        self._updates = {}
         return out
 
     def drain_into(self, other: ChangeBatch[K]) -> None:
-        """Move every update of ``self`` into ``other`` (without consolidating first)."""
+        """Move every update of ``self`` into ``other`` (hands over the dict when ``other``
+        holds nothing)."""
         if self._deferred:
             self._absorb()
         if self._updates:
-            other._updates.extend(self._updates)
-            other._maintain()
-            self._updates = []
-            self._clean = 0
+            if other._updates:
+                other.extend(self._updates.items())
+                self._updates = {}
+            else:
+                other._updates, self._updates = self._updates, other._updates
 
     def clear(self) -> None:
         """Forget the applied updates (deferred ones, not yet applied, stay queued)."""
-        self._updates = []
-        self._clean = 0
+        self._updates = {}
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, ChangeBatch):
