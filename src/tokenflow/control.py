@@ -14,11 +14,13 @@ with a ``"kind"``.
 
 Commands (driver -> workers) and replies (workers -> driver):
 
-``hold``
-    every source of the worker pauses at once at its *safe point* (the least epoch boundary
-    after everything it has emitted); reply ``held`` with ``point`` (the greatest such epoch
-    of the worker's sources, or None without sources) and ``granularity`` (the least common
-    multiple of its sources' epoch lengths: the common pause epoch must be a boundary of all).
+``hold`` ``margin``
+    every source of the worker pauses at its *safe point* (the least epoch boundary after
+    everything it has emitted) plus ``margin`` epochs of its own length (default 0: at once;
+    with a margin the sources go on while the driver gathers the replies); reply ``held``
+    with ``point`` (the greatest such epoch of the worker's sources, or None without sources)
+    and ``granularity`` (the least common multiple of its sources' epoch lengths: the common
+    pause epoch must be a boundary of all).
 ``pause_at`` ``epoch``
     sources emit everything before ``epoch`` and nothing at or after it; the worker steps on
     and replies ``paused`` once all its sources hold at ``epoch`` (worker code feeding an
@@ -212,12 +214,19 @@ class ControlAgent:
         self._writer: threading.Thread | None = None
         self._parts: dict[int, dict[str, dict[int, list[int]]]] = {}  # epoch -> blob entries
         self._changes = ChangeLog()  # bins changed per capture not yet committed
+        self.holding = False  # a round is on: from ``hold`` until ``resume`` or ``stop``
+        self._stalled_since: float | None = None  # since when every source holds, in a round
 
     def __call__(self, worker: Any) -> None:
         message: dict[str, Any] | None = self.link.poll(0.0)
         while message is not None:
             message = self._handle(worker, message)
         self.membership.poll(worker)
+        if self.holding:
+            if not self._paused(worker):
+                self._stalled_since = None
+            elif self._stalled_since is None:
+                self._stalled_since = time.monotonic()
         if self.pause_epoch is None:
             return
         if not self.announced and self._paused(worker):
@@ -268,8 +277,10 @@ class ControlAgent:
         meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
+        since = self._stalled_since
         self.link.send({"kind": "captured", "worker": index, "epoch": epoch, "round": round_,
-                        "bins_exported": capture.exported, "full": len(capture.full)})
+                        "bins_exported": capture.exported, "full": len(capture.full),
+                        "stalled": 0.0 if since is None else time.monotonic() - since})
 
         def write() -> None:
             try:
@@ -295,6 +306,7 @@ class ControlAgent:
     def _resume(self, worker: Any) -> None:
         self.pause_epoch = None
         self.draining = False
+        self.holding, self._stalled_since = False, None
         for source in self._sources(worker):
             source.resume()
 
@@ -310,10 +322,13 @@ class ControlAgent:
         self.round = message.get("round")
         if kind == "hold":
             points, step = [], 1
+            margin = int(message.get("margin", 0))
+            self.holding, self._stalled_since = True, None
             for source in self._sources(worker):
                 point = source.safe_point()
                 step = math.lcm(step, int(source.granularity))
                 if point is not None:
+                    point += margin * int(source.granularity)
                     source.pause_at(point)
                     points.append(point)
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
@@ -348,6 +363,7 @@ class ControlAgent:
             self.finish()
             self.pause_epoch = None
             self.draining = False
+            self.holding = False
             self.stopped = True
             worker.stop()
         else:
@@ -427,6 +443,9 @@ class SnapshotStats:
             ``written``.
         bins_exported: (state, bin) tables exported by all workers' captures (the changed
             bins of an incremental capture, every bin of a full one).
+        stalled: seconds, the longest any worker's sources stood still for this snapshot:
+            from the step after which all of them held (at the ``hold`` point or the pause
+            epoch) until they resumed after the capture (0 when they never all held).
     """
 
     epoch: int
@@ -436,13 +455,14 @@ class SnapshotStats:
     bytes_reused: int
     phases: dict[str, float] = field(default_factory=dict)
     bins_exported: int = 0
+    stalled: float = 0.0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
                   stop: bool = True, timeout: float = 60.0,
                   on_epoch: Callable[[int], None] | None = None,
                   alive: Callable[[], bool] | None = None, previous: int | None = None,
-                  stats: list[SnapshotStats] | None = None) -> int | None:
+                  stats: list[SnapshotStats] | None = None, margin: int = 0) -> int | None:
     """Pause every source at a common epoch, wait for quiescence, capture every worker's
     state and commit the snapshot, then stop the job (or resume it).  Returns the snapshot's
     epoch.  ``alive()`` tells whether the job still runs (a job that ends cannot answer).
@@ -452,6 +472,9 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     snapshot of this run under ``root`` (incremental parts build on it); when the common
     epoch is not after it (nothing new since), nothing is written, the job resumes (or
     stops) and None is returned.  ``stats``: a list the snapshot's ``SnapshotStats`` is appended to.
+    ``margin``: epochs (of each source's length) beyond its safe point that a source may still
+    emit after ``hold`` (``hold`` in the module docstring): the snapshot's epoch comes later,
+    and sources do not stand still while the driver gathers the workers' points.
 
     Raises:
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
@@ -469,7 +492,8 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         return _gather(hub, kind, workers, timeout, alive, round_, stash)
 
     try:
-        return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats)
+        return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats,
+                               margin)
     except (ControlError, SnapshotError):
         if alive is None or alive():
             for w in workers:  # whoever is still paused goes on; its replies are ignored
@@ -488,9 +512,9 @@ echoes it, so a reply to an abandoned round is never taken for one of the curren
 def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[int, dict[str, Any]]],
                     root: str, job: str, routing: RoutingTable, stop: bool,
                     on_epoch: Callable[[int], None] | None, previous: int | None,
-                    stats: list[SnapshotStats] | None) -> int | None:
+                    stats: list[SnapshotStats] | None, margin: int = 0) -> int | None:
     began = time.monotonic()
-    send_all("hold")
+    send_all("hold", margin=margin)
     held = gather("held")
     phases = {"held": time.monotonic() - began}
     points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
@@ -531,7 +555,8 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
         stats.append(SnapshotStats(epoch, paused, time.monotonic() - began,
                                    sum(p.bytes_written for p in parts),
                                    sum(p.bytes_reused for p in parts), phases,
-                                   sum(int(r.get("bins_exported", 0)) for r in captured.values())))
+                                   sum(int(r.get("bins_exported", 0)) for r in captured.values()),
+                                   max(float(r.get("stalled", 0.0)) for r in captured.values())))
     return epoch
 
 

@@ -167,22 +167,27 @@ class CheckpointedJob:
         keep: committed checkpoints to retain (at least 2: the previous one is the fallback).
         restore: start from the latest usable checkpoint under ``checkpoint`` if there is one
             (a resumed job); False: a fresh run (the directory must hold no checkpoint).
+        margin: epochs a source may still emit beyond its safe point once a periodic
+            checkpoint begins (``take_snapshot(margin=)``: sources do not stand still while
+            the driver gathers the workers' points); a stopping checkpoint uses 0.
 
     Raises (constructor):
-        ValueError: ``interval <= 0``, ``keep < 2`` or ``restarts < 0``; a fresh run over a
-            directory that holds checkpoints.
+        ValueError: ``interval <= 0``, ``keep < 2``, ``restarts < 0`` or ``margin < 0``; a
+            fresh run over a directory that holds checkpoints.
     """
 
     def __init__(self, fn: Callable[[Any], Any], workers: int = 1, runtime: str = "process", *,
                  checkpoint: str | os.PathLike[str], interval: float = 1.0, name: str | None = None,
                  bins: int = DEFAULT_BINS, restarts: int = 3, keep: int = 2, restore: bool = False,
-                 **options: Any) -> None:
+                 margin: int = 1, **options: Any) -> None:
         if interval <= 0:
             raise ValueError(f"the checkpoint interval must be > 0 s, got {interval}")
         if keep < 2:
             raise ValueError(f"keep at least 2 checkpoints (the previous one is the fallback), got {keep}")
         if restarts < 0:
             raise ValueError(f"restarts must be >= 0, got {restarts}")
+        if margin < 0:
+            raise ValueError(f"margin must be >= 0 epochs, got {margin}")
         self.root = os.path.abspath(os.fspath(checkpoint))
         if not restore and committed_epochs(self.root):
             raise ValueError(f"{self.root} holds checkpoints of an earlier run: resume it "
@@ -195,6 +200,7 @@ class CheckpointedJob:
         self.bins = bins
         self.restarts = restarts
         self.keep = keep
+        self.margin = margin
         self.options = options
         self.resumed = restore
         """A resumed job: the checkpoint directory may hold output and input log of an
@@ -317,7 +323,8 @@ class CheckpointedJob:
             try:
                 epoch = take_snapshot(handle.hub, list(range(self.workers)), self.root, self.name,
                                       handle.spec.table, stop=stop, alive=lambda: handle.running,
-                                      previous=attempt.previous, stats=self.stats)
+                                      previous=attempt.previous, stats=self.stats,
+                                      margin=0 if stop else self.margin)
             except (ControlError, SnapshotError, OSError) as exc:
                 handle.wait(0.5)  # a job that just ended cannot answer: not worth a warning
                 if not handle.running:
