@@ -106,19 +106,22 @@ class Capability:
         Raises:
             CapabilityError: when ``time`` is earlier than or incomparable to ``self.time``.
         """
-        self._check()
+        if not self._valid:
+            self._check()
         old = self._time
+        if time == old:
+            return
         if not less_equal(old, time):
             raise CapabilityError(
                 f"{self._operator}: cannot downgrade capability at {old!r} to {time!r} "
                 "(not later in the partial order)"
             )
-        if time != old:
-            self._internal.update(time, 1)
-            self._internal.update(old, -1)
-            self._time = time
-            if self._activate is not None:
-                self._activate()
+        internal = self._internal
+        internal.update(time, 1)
+        internal.update(old, -1)
+        self._time = time
+        if self._activate is not None:
+            self._activate()
 
     def copy(self) -> Capability:
         """Another token at the same time and port."""

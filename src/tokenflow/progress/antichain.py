@@ -134,14 +134,17 @@ class MutableAntichain:
         return not self._frontier
 
     def less_equal(self, time: Any) -> bool:
+        """True when some frontier element is ≤ ``time`` (checked for every message received:
+        ``int`` elements compared inline)."""
         for f in self._frontier:
-            if less_equal(f, time):
+            if (f <= time) if f.__class__ is int else f.less_equal(time):
                 return True
         return False
 
     def less_than(self, time: Any) -> bool:
+        """True when some frontier element is < ``time``."""
         for f in self._frontier:
-            if less_than(f, time):
+            if (f < time) if f.__class__ is int else f.less_than(time):
                 return True
         return False
 

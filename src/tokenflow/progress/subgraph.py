@@ -107,7 +107,8 @@ class PerOperatorState:
                 for time, delta in produced.drain():
                     for target, weight in zip(targets, weights, strict=True):
                         pointstamps.update((target, time), delta * weight)
-                        heapq.heappush(temp_active, target.node)
+                for target in targets:
+                    heapq.heappush(temp_active, target.node)
 
 
 class SubgraphBuilder:
