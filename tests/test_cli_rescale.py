@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -74,3 +75,103 @@ def test_run_with_a_rescale_schedule(tmp_path: Path) -> None:
         keys.append(data["keys"])
     assert final == dict(truth)
     assert keys[2] == 0 and keys[0] > 0 and keys[1] > 0  # the last roster is workers 0..1
+
+
+# -- tokenflow nexmark query --rescale-schedule, tokenflow scale --------------------------------
+
+NEXMARK_ARGS = ["--query", "q5", "--rate", "2000", "--granularity", "500", "--quiet"]
+
+
+def _rows(directory: Path) -> Any:
+    from tokenflow.io import read_committed
+    from tokenflow.nexmark.queries import q5
+
+    table = read_committed(directory, columns=q5.COLUMNS)
+    return table.to_pandas().sort_values(q5.COLUMNS).reset_index(drop=True)
+
+
+def _reference(events: int, tmp_path: Path) -> Any:
+    from tokenflow.nexmark.run import run_query
+
+    run_query("q5", events, rate=2000, workers=2, granularity_ms=500,
+              output=tmp_path / "reference")
+    return _rows(tmp_path / "reference")
+
+
+def test_nexmark_query_with_a_rescale_schedule(tmp_path: Path) -> None:
+    events = 60_000
+    done = subprocess.run([sys.executable, "-m", "tokenflow", "nexmark", "query", *NEXMARK_ARGS,
+                           "--events", str(events), "--workers", "3", "--runtime", "process",
+                           "--lag", "1", "--rescale-schedule", "0.2s:1,0.5s:3,0.8s:2",
+                           "--strategy", "batched", "--output", str(tmp_path / "out"),
+                           "--control-file", str(tmp_path / "control.json")],
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "state over workers 0..0" in done.stderr, done.stderr
+    assert "migration 1 at time" in done.stdout, done.stdout
+    pd_equal(_rows(tmp_path / "out"), _reference(events, tmp_path))
+    assert not (tmp_path / "control.json").exists()  # removed at the end
+
+
+def pd_equal(got: Any, expected: Any) -> None:
+    import pandas as pd
+
+    assert len(expected) > 0
+    pd.testing.assert_frame_equal(got, expected, check_dtype=False)
+
+
+def test_scale_a_running_nexmark_query(tmp_path: Path) -> None:
+    """``tokenflow scale`` reaches the running job through its coordinator (the control file
+    written by the job, token-authenticated); the job's output is still the reference's."""
+    import time
+
+    events = 400_000
+    control = tmp_path / "control.json"
+    job = subprocess.Popen([sys.executable, "-m", "tokenflow", "nexmark", "query", *NEXMARK_ARGS,
+                            "--events", str(events), "--workers", "3", "--runtime", "process",
+                            "--lag", "1", "--elastic", "--output", str(tmp_path / "out"),
+                            "--control-file", str(control)],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        while not control.exists() and time.monotonic() < deadline and job.poll() is None:
+            time.sleep(0.05)
+        assert control.exists(), job.communicate(timeout=60)
+        assert control.stat().st_mode & 0o077 == 0  # it holds the job's token
+        scaled = subprocess.run([sys.executable, "-m", "tokenflow", "scale", "--workers", "1",
+                                 "--control-file", str(control), "--strategy", "fluid"],
+                                capture_output=True, text=True, timeout=120)
+        too_many = subprocess.run([sys.executable, "-m", "tokenflow", "scale", "--workers", "5",
+                                   "--control-file", str(control)],
+                                  capture_output=True, text=True, timeout=120)
+        out, err = job.communicate(timeout=300)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, out + err
+    assert scaled.returncode == 0, scaled.stdout + scaled.stderr
+    assert "state over workers 0..0" in scaled.stdout
+    assert "state over workers 0..0" in err and "tokenflow scale" in err, err
+    assert too_many.returncode == 1 and "not within the job's" in too_many.stderr, \
+        too_many.stdout + too_many.stderr
+    assert "migration 1 at time" in out, out
+    pd_equal(_rows(tmp_path / "out"), _reference(events, tmp_path))
+
+
+def test_scale_without_a_running_job(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, "-m", "tokenflow", "scale", "--workers", "2",
+                           "--control-file", str(tmp_path / "none.json")],
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "no running elastic job" in done.stderr
+
+
+def test_elastic_options_are_checked() -> None:
+    for extra, message in ((["--query", "q7", "--elastic"], "no migrating state"),
+                           (["--query", "q5", "--rescale-schedule", "1s:3"], "worker processes"),
+                           (["--query", "q5", "--elastic", "--strategy", "sideways"], "strategy"),
+                           (["--query", "q5", "--elastic", "--checkpoint", "/nonexistent"],
+                            "checkpoint")):
+        done = subprocess.run([sys.executable, "-m", "tokenflow", "nexmark", "query", "--events",
+                               "1000", "--workers", "2", *extra],
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 2 and message in done.stderr, (extra, done.stderr)

@@ -9,6 +9,11 @@ Usage::
                                     continue a --checkpoint job (e.g. after its driver died)
     tokenflow stop DIR              ask the job running with --snapshot-dir DIR or --checkpoint DIR
                                     to snapshot (checkpoint) and stop
+    tokenflow run MODULE:FUNCTION ... [--rescale-schedule "20s:3,40s:4"] [--elastic]
+                  [--strategy batched|fluid|all-at-once] [--control-file FILE]
+    tokenflow scale --workers N [--strategy S] [--control-file FILE]
+                                    move a running elastic job's migrating state (tokenflow.rescale)
+                                    over workers 0..N-1, through its coordinator
     tokenflow checkpoints DIR       list the committed checkpoints in DIR and verify them
     tokenflow snapshots DIR         list the committed snapshots in DIR
     tokenflow --version
@@ -69,7 +74,8 @@ NEXMark (source: docs/NEXMARK.md; ``tokenflow.nexmark``)::
     tokenflow nexmark generate --events N [--rate R] --output DIR
     tokenflow nexmark query --query qN [--events N] [--rate R] [--workers W] [--runtime R]
                             [--master URL] [--output DIR] [--granularity MS] [--lag EPOCHS]
-                            [--input DIR]
+                            [--input DIR] [--elastic] [--rescale-schedule "20s:3,40s:4,60s:2"]
+                            [--strategy batched|fluid|all-at-once] [--control-file FILE]
     tokenflow nexmark --query qN ...          (the same as ``nexmark query``)
     tokenflow flights [--workers W] [--runtime R] [--output DIR]
     tokenflow demo [--workers W] [--events N] [--output DIR]
@@ -265,6 +271,22 @@ DEFAULT_TOKEN_FILE = Path(".tokenflow") / "token"
 TokenFileOption = Annotated[Path, typer.Option(
     "--token-file", help="The publish/subscribe token: $TOKENFLOW_TOKEN if set, else this file "
                          "(a publishing job creates it, mode 0600).")]
+STRATEGY_NAMES = ("batched", "fluid", "all-at-once")
+"""Migration strategies (``tokenflow.rescale.STRATEGIES``, without importing it here)."""
+StrategyOption = Annotated[str, typer.Option(
+    "--strategy", help="Migration steps: batched (rounds in which each worker sends and receives "
+                       "at most one batch of bins), fluid (one bin at a time) or all-at-once.")]
+RescaleScheduleOption = Annotated[str | None, typer.Option(
+    "--rescale-schedule", metavar="SCHEDULE",
+    help="Move the migrating state over the first N workers at these seconds after the start, "
+         "e.g. \"20s:3,40s:4,60s:2\" (N <= --workers; implies --elastic).")]
+ElasticOption = Annotated[bool, typer.Option(
+    "--elastic", help="Run under the control plane so that `tokenflow scale --workers N` can "
+                      "move the migrating state while the job runs.")]
+DEFAULT_CONTROL_FILE = Path(".tokenflow") / "control.json"
+ControlFileOption = Annotated[Path, typer.Option(
+    "--control-file", help="Where an elastic job writes its coordinator's address and token "
+                           "(mode 0600, removed at the end) for `tokenflow scale`.")]
 PublishOption = Annotated[str | None, typer.Option(
     "--publish", metavar="TOPIC", help="Publish the output under TOPIC; subscribe with "
                                       "`tokenflow subscribe URL TOPIC`.")]
@@ -311,8 +333,9 @@ def run(
         help="Move the state of the job's migrating operators (tokenflow.rescale) over the "
              "first N workers at these seconds after the start, e.g. \"20s:3,40s:4,60s:2\" "
              "(N <= --workers).")] = None,
-    strategy: Annotated[str, typer.Option(
-        "--strategy", help="Migration steps: batched, fluid or all-at-once.")] = "batched",
+    strategy: StrategyOption = "batched",
+    elastic: ElasticOption = False,
+    control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
     catalog_port: CatalogPortOption = 0,
     token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
 ) -> None:
@@ -354,8 +377,10 @@ def run(
             schedule = parse_rescale_schedule(rescale_schedule, workers)
         except ValueError as exc:
             _fail(f"bad --rescale-schedule: {exc}", 2)
-        if snapshot_dir is not None:
-            _fail("--rescale-schedule cannot be combined with --snapshot-dir", 2)
+    if strategy not in STRATEGY_NAMES:
+        _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
+    if (schedule or elastic) and snapshot_dir is not None:
+        _fail("--rescale-schedule and --elastic cannot be combined with --snapshot-dir", 2)
     options: dict[str, Any] = {"name": name or target}
     if restore is not None:
         options["restore"] = str(restore)
@@ -367,14 +392,15 @@ def run(
         master = master or f"local[{workers}]"
         options["master"] = master
         startup = _start_spark(master, err, quiet)
-    coordinator, options["report_to"] = _coordinator(runtime, master)
+    coordinator, options["report_to"] = _scale_coordinator(runtime, master) \
+        if schedule or elastic else _coordinator(runtime, master)
     job_catalog = start_catalog(runtime, master, catalog_port, token_file, err) if catalog else None
     if job_catalog is not None:
         options["catalog"] = job_catalog.endpoint
     try:
-        if schedule:
+        if schedule or elastic:
             outcome = _run_rescaled(fn, workers, runtime.value, options, coordinator, err, quiet,
-                                    schedule, strategy)
+                                    schedule, strategy, control_file)
         elif snapshot_dir is None:
             outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
         else:
@@ -460,38 +486,56 @@ def parse_rescale_schedule(text: str, workers: int) -> list[tuple[float, int]]:
     return out
 
 
+class _RosterLine:
+    """The live display's roster line, updated after each rescale (``RescaleEvent``), and the
+    one-line log of each rescale on stderr."""
+
+    def __init__(self, table: Any, err: Console) -> None:
+        self.table = table
+        self.err = err
+        self.line = "roster: " + self._describe(table) + "; rescale: none yet"
+
+    @staticmethod
+    def _describe(table: Any) -> str:
+        counts = ", ".join(f"{w}: {c}" for w, c in table.counts().items() if c)
+        return f"bins per worker {counts}"
+
+    def __call__(self, event: Any) -> None:
+        if event.error is not None:
+            self.err.print(f"rescale to {event.workers} workers failed: {event.error}")
+            return
+        self.table = self.table.rebalanced(range(event.workers))
+        self.line = f"roster: workers 0..{event.workers - 1}; {self._describe(self.table)}"
+        how = "tokenflow scale" if event.source == "request" else "schedule"
+        self.err.print(f"{event.seconds:.1f} s: state over workers 0..{event.workers - 1} "
+                       f"({event.steps} {event.strategy} steps; {how})")
+
+
+def _scale_coordinator(runtime: Runtime, master: str | None) -> tuple[Any, tuple[str, int, str]]:
+    """``_coordinator`` with a ``ScaleCoordinator``: it also takes ``tokenflow scale``."""
+    from tokenflow.rescale.remote import ScaleCoordinator
+
+    return _coordinator(runtime, master, ScaleCoordinator)
+
+
 def _run_rescaled(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
                   coordinator: Coordinator, err: Console, quiet: bool,
-                  schedule: list[tuple[float, int]], strategy: str) -> dict[str, Any]:
-    """Run the job under the control plane and rescale it at the scheduled times."""
+                  schedule: list[tuple[float, int]], strategy: str,
+                  control_path: Path | None = None) -> dict[str, Any]:
+    """Run the job under the control plane and rescale it at the scheduled times and when
+    ``tokenflow scale`` asks (with a ``ScaleCoordinator``; ``control_path`` tells it where the
+    coordinator is)."""
     from tokenflow.job import start
+    from tokenflow.rescale.remote import ScaleDriver, control_file
 
     handle = start(fn, workers, runtime, coordinator=coordinator, **options)
-    began = time.monotonic()
-    shown = {"table": handle.spec.table, "line": "rescale: none yet"}
-
-    def footer() -> str:
-        return shown["line"]
-
-    def driver() -> None:
-        for at, n in schedule:
-            delay = began + at - time.monotonic()
-            if delay > 0:
-                time.sleep(delay)
-            if not handle.running:
-                return
-            try:
-                steps = handle.rescale(n, strategy)
-                shown["table"] = shown["table"].rebalanced(range(n))
-                counts = ", ".join(f"{w}: {c}" for w, c in shown["table"].counts().items() if c)
-                shown["line"] = f"roster: workers 0..{n - 1}; bins per worker {counts}"
-                err.print(f"{time.monotonic() - began:.1f} s: state over workers 0..{n - 1} "
-                          f"({steps} {strategy} steps)")
-            except Exception as exc:  # noqa: BLE001 - reported, the job goes on
-                err.print(f"rescale to {n} workers failed: {exc}")
-
-    threading.Thread(target=driver, daemon=True, name="tokenflow-rescale-schedule").start()
-    outcome = _live(handle.result, workers, runtime, coordinator, err, quiet, footer=footer)
+    roster = _RosterLine(handle.spec.table, err)
+    driver = ScaleDriver(handle, schedule, strategy, coordinator, roster).start()
+    with control_file(control_path, options.get("report_to") or coordinator.endpoint,
+                      handle.spec.name, workers):
+        outcome = _live(handle.result, workers, runtime, coordinator, err, quiet,
+                        footer=lambda: roster.line)
+    driver.stop()
     if "result" in outcome:
         outcome["results"] = outcome.pop("result")
     return outcome
@@ -700,6 +744,45 @@ def stop(directory: Annotated[Path, typer.Argument(
         _fail(f"no snapshot directory {directory} (the job's --snapshot-dir or --checkpoint)", 2)
     (directory / STOP_REQUEST).touch()
     Console(highlight=False).print(f"asked the job using {directory} to snapshot and stop")
+
+
+@app.command()
+def scale(
+    workers: Annotated[int, typer.Option("--workers", "-w", min=1,
+                                         help="Spread the state over workers 0..N-1.")],
+    strategy: StrategyOption = "batched",
+    control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
+    timeout: Annotated[float, typer.Option(
+        "--timeout", min=0, help="Seconds to wait for the job's answer.")] = 60.0,
+) -> None:
+    """Move a running elastic job's migrating state over workers 0..N-1 (through its
+    coordinator, authenticated with the job's token from the control file).
+
+    The job is one started with --elastic or --rescale-schedule (`tokenflow run`,
+    `tokenflow nexmark query`) from the same directory (or give its --control-file).  Exit 0
+    once worker 0 has planned the moves; 1 when the job refused (e.g. N above its worker
+    processes) or cannot be reached; 2 without a control file."""
+    from tokenflow.rescale.remote import read_control_file, request_scale
+
+    if strategy not in STRATEGY_NAMES:
+        _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
+    try:
+        job = read_control_file(control_file)
+    except FileNotFoundError:
+        _fail(f"no running elastic job: {control_file} does not exist (start one with --elastic "
+              f"or --rescale-schedule, or give its --control-file)", 2)
+    except ValueError as exc:
+        _fail(str(exc), 2)
+    try:
+        answer = request_scale((job["host"], job["port"], job["token"]), workers, strategy,
+                               timeout=timeout)
+    except (ConnectionError, TimeoutError, OSError) as exc:
+        _fail(f"{type(exc).__name__}: {exc}", 1)
+    if answer.get("kind") != "scaled":
+        _fail(f"the job refused: {answer.get('error', answer)}", 1)
+    Console(highlight=False).print(
+        f"job {job.get('job', '?')}: state over workers 0..{workers - 1} "
+        f"({answer.get('steps', 0)} {strategy} steps)")
 
 
 @app.command()
@@ -931,9 +1014,11 @@ def _live(call: Callable[[], Any], workers: int, runtime: str, coordinator: Coor
     return outcome
 
 
-def _coordinator(runtime: Runtime, master: str | None) -> tuple[Coordinator, tuple[str, int, str]]:
-    """A coordinator reachable by the workers, and the endpoint to give them."""
-    coordinator = Coordinator(host="127.0.0.1" if _local(runtime, master) else "0.0.0.0")
+def _coordinator(runtime: Runtime, master: str | None,
+                 kind: type[Coordinator] = Coordinator) -> tuple[Coordinator, tuple[str, int, str]]:
+    """A coordinator (of class ``kind``) reachable by the workers, and the endpoint to give
+    them."""
+    coordinator = kind(host="127.0.0.1" if _local(runtime, master) else "0.0.0.0")
     endpoint = coordinator.endpoint
     if not _local(runtime, master):
         endpoint = (os.environ.get("TOKENFLOW_HOST") or socket.gethostbyname(socket.gethostname()),
@@ -1087,8 +1172,18 @@ def nexmark_query(
     publish: PublishOption = None,
     catalog_port: CatalogPortOption = 0,
     token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
+    rescale_schedule: RescaleScheduleOption = None,
+    strategy: StrategyOption = "batched",
+    elastic: ElasticOption = False,
+    control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
+
+    With ``--elastic`` or ``--rescale-schedule "20s:3,40s:4,60s:2"`` (q4, q5, q8) the query's
+    stateful operators migrate: their bins move between the ``--workers`` worker processes at
+    logical times while the query runs, following the schedule (workers ``0..N-1`` own the
+    state from each time on) and ``tokenflow scale --workers N``; the moves are printed at the
+    end (``--strategy``: batched, fluid or all-at-once).
 
     With ``--publish TOPIC`` the output is published while the query runs (a catalog starts on
     the driver; ``tokenflow subscribe URL TOPIC`` or ``Subscription`` read it).
@@ -1110,6 +1205,21 @@ def nexmark_query(
     interval = _checkpoint_interval(checkpoint, checkpoint_interval, resume)
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
+    schedule: list[tuple[float, int]] = []
+    if rescale_schedule is not None:
+        try:
+            schedule = parse_rescale_schedule(rescale_schedule, workers)
+        except ValueError as exc:
+            _fail(f"bad --rescale-schedule: {exc}", 2)
+    elastic = elastic or bool(schedule)
+    if strategy not in STRATEGY_NAMES:
+        _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
+    if elastic:
+        if not getattr(load(query), "ELASTIC", False):
+            _fail(f"{query} has no migrating state (--elastic and --rescale-schedule: q4, q5, q8)", 2)
+        if checkpoint is not None:
+            _fail("--elastic and --rescale-schedule cannot be combined with --checkpoint "
+                  "(migrating state is not checkpointed yet)", 2)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     _warn_capacity(err, workers, runtime.value, master)
@@ -1117,17 +1227,33 @@ def nexmark_query(
         master = master or f"local[{workers}]"
         startup = _start_spark(master, err, quiet=False)
         out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
-    coordinator, endpoint = _coordinator(runtime, master)
+    coordinator, endpoint = _scale_coordinator(runtime, master) if elastic else \
+        _coordinator(runtime, master)
     catalog = start_catalog(runtime, master, catalog_port, token_file, err) if publish else None
+    roster: _RosterLine | None = None
+    scaling: dict[str, Any] = {}
+    if elastic:
+        from tokenflow.state.bins import RoutingTable
+
+        roster = _RosterLine(RoutingTable.even(workers), err)
+        scaling = {"elastic": True, "rescale_schedule": schedule, "strategy": strategy,
+                   "coordinator": coordinator, "on_rescale": roster}
     try:
-        outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
-                                          runtime=runtime.value, master=master, output=output,
-                                          granularity_ms=granularity, lag=lag, report_to=endpoint,
-                                          input=input, checkpoint=checkpoint,
-                                          checkpoint_interval=interval, resume=resume,
-                                          publish=publish,
-                                          catalog=catalog.endpoint if catalog else None),
-                        workers, runtime.value, coordinator, err, quiet)
+        from tokenflow.rescale.remote import control_file as control_file_for
+
+        with control_file_for(control_file if elastic else None, endpoint, f"nexmark.{query}",
+                              workers):
+            outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
+                                              runtime=runtime.value, master=master, output=output,
+                                              granularity_ms=granularity, lag=lag,
+                                              report_to=endpoint, input=input,
+                                              checkpoint=checkpoint,
+                                              checkpoint_interval=interval, resume=resume,
+                                              publish=publish,
+                                              catalog=catalog.endpoint if catalog else None,
+                                              **scaling),
+                            workers, runtime.value, coordinator, err, quiet,
+                            footer=None if roster is None else (lambda: roster.line))
         error = outcome.get("error")
         if isinstance(error, WorkerError) and isinstance(error.__cause__, InputError):
             _fail(f"bad input: {error.__cause__}", 2)
@@ -1143,6 +1269,10 @@ def nexmark_query(
         _stop_spark()
     _print_query(out, result, f"from {input}" if input is not None else f"at {rate:,}/s of event time",
                  lag)
+    for change in result.migrations:
+        out.print(f"migration {change.index + 1} at time {change.time}: workers {change.before} -> "
+                  f"{change.after}, {change.bins} bins from {change.senders} to "
+                  f"{change.receivers}, {change.moved_bytes:,} bytes of state")
     if checkpoint is not None:
         pauses = sorted(s.paused for s in result.checkpoints)
         median = f", median pause {1000 * pauses[len(pauses) // 2]:.0f} ms" if pauses else ""

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,6 +67,10 @@ class QueryResult:
             (``tokenflow.control.SnapshotStats``), in order.
         failures: with ``checkpoint=``, worker failures the job recovered from (the other
             measurements are then those of the last attempt).
+        rescales: with ``rescale_schedule`` or a ``ScaleCoordinator``, the rescales the driver
+            asked for (``tokenflow.rescale.remote.RescaleEvent``), in order.
+        migrations: with ``elastic``, what each table change moved
+            (``tokenflow.rescale.report.ChangeReport``, bytes only with ``measure``).
     """
 
     query: str
@@ -83,6 +88,8 @@ class QueryResult:
     output: str | None = None
     checkpoints: list[Any] = field(default_factory=list)
     failures: int = 0
+    rescales: list[Any] = field(default_factory=list)
+    migrations: list[Any] = field(default_factory=list)
 
 
 def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> list[tuple[int, int, int]]:
@@ -135,7 +142,12 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               input: str | os.PathLike[str] | None = None, routing: str = "bins",
               checkpoint: str | os.PathLike[str] | None = None, checkpoint_interval: float = 1.0,
               resume: bool = False, publish: str | None = None,
-              catalog: tuple[str, int, str] | None = None, subscribers: int = 0) -> QueryResult:
+              catalog: tuple[str, int, str] | None = None, subscribers: int = 0,
+              elastic: bool = False, roster: int | None = None,
+              rescale_schedule: Sequence[tuple[float, int]] = (),
+              rescale_at: Sequence[tuple[int, int]] = (), strategy: str = "batched",
+              measure: bool = False, bins: int | None = None, coordinator: Any = None,
+              on_rescale: Callable[[Any], None] | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -176,14 +188,37 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             catalog ``catalog`` (``(host, port, token)``, e.g. ``Catalog().endpoint``); with
             ``subscribers``, the publishers stay open (up to 120 s) after the query ends
             until that many subscribers have joined and received everything.
+        elastic: build the query's stateful operators as migrating operators
+            (``tokenflow.rescale.migrate``: their bins move between workers at logical times
+            while the job runs; ``ELASTIC`` queries only: q4, q5, q8).  Implied by the rescale
+            options below.  The worker processes stay ``workers``; the *roster* (the workers
+            owning bins) changes.
+        roster: start with the bins spread over workers ``0..roster-1`` (default all).
+        rescale_schedule: ``[(seconds after the start, n)]``: the driver spreads the state
+            over workers ``0..n-1`` at those times (``JobHandle.rescale`` through the
+            control plane; the job runs under it, ``tokenflow.job.start``).
+        rescale_at: ``[(k, n)]``: worker 0 spreads the state over workers ``0..n-1`` once its
+            sources have sent epoch ``k`` (an index into the job's epochs): at a logical
+            point of the input, for tests.
+        strategy: the migration strategy (``batched``, ``fluid``, ``all-at-once``).
+        measure: every worker records its state bytes at every step (``migrations`` then
+            carry ``total_bytes``; costs one export of the state per step and worker).
+        bins: bins of the migrating operators' routing table (a power of two; default
+            4,096): fewer make ``fluid`` (one bin per step) take fewer steps.
+        coordinator: the driver's ``Coordinator`` when the job runs under the control plane
+            (default: ``start`` makes one); a ``tokenflow.rescale.remote.ScaleCoordinator``
+            also brings requests from ``tokenflow scale``.
+        on_rescale: called with each ``RescaleEvent`` (from the driver's rescale thread).
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
 
     Raises:
         ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
-            ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, ``master`` without spark, or
-            ``publish`` without ``catalog``.
+            ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, ``master`` without spark,
+            ``publish`` without ``catalog``, ``elastic`` for a query without migrating
+            state or with ``checkpoint``, a roster outside ``1..workers``, or an unknown
+            strategy.
         InputError: ``input`` is missing, not Parquet, lacks a column or has a null
             ``dateTime`` (naming the path, column and row).
         WorkerError: a worker failed.
@@ -202,6 +237,25 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         raise ValueError(f"routing must be 'bins' or 'direct', got {routing!r}")
     if publish is not None and catalog is None:
         raise ValueError(f"publishing {name} as {publish!r} needs a catalog (catalog=Catalog().endpoint)")
+    elastic = elastic or bool(rescale_schedule) or bool(rescale_at) or roster is not None
+    initial = None
+    if elastic:
+        from tokenflow.rescale import STRATEGIES
+        from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
+
+        if not getattr(module, "ELASTIC", False):
+            raise ValueError(f"{name} has no migrating state (elastic queries: q4, q5, q8)")
+        if checkpoint is not None:
+            raise ValueError("migrating state is not checkpointed yet: elastic queries run "
+                             "without checkpoint")
+        if strategy not in STRATEGIES:
+            raise ValueError(f"unknown migration strategy {strategy!r}; choose one of "
+                             f"{', '.join(STRATEGIES)}")
+        for n in [roster or workers, *(n for _, n in rescale_schedule), *(n for _, n in rescale_at)]:
+            if not 1 <= n <= workers:
+                raise ValueError(f"a roster of {n} workers: the job has {workers} worker processes")
+        initial = RoutingTable(RoutingTable.even(roster or workers, bins or DEFAULT_BINS).owners,
+                               range(workers))
     config = GeneratorConfig(rate=rate)
     source = None
     if input is not None:
@@ -229,6 +283,11 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         query = load_query(name)
         if routing == "direct":
             worker.routing = None
+        scaling = None
+        if elastic:
+            from tokenflow.rescale.migrate import Elastic
+
+            scaling = Elastic(initial=initial, measure=measure)
 
         def build(scope: Any) -> Any:
             if source is None:
@@ -243,7 +302,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                         scope, f"Nexmark.{kind}", table_splits(tables[kind], SPLITS, time="dateTime"),
                         "dateTime", granularity=granularity_ms)
                     handles.append(handle)
-            out = query.build(streams, config)
+            out = query.build(streams, config) if scaling is None else \
+                query.build(streams, config, elastic=scaling)
             if directory is not None:
                 to_parquet(out, directory, columns=columns, name=f"{name}.Parquet",
                            granularity=granularity_ms, partition="epoch")
@@ -257,6 +317,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         passed: dict[int, float] = {}
         done_sending = done_passing = 0  # epochs of ``epoch_list`` sent / passed so far
 
+        triggers = sorted(rescale_at) if worker.index == 0 else []
         start = time.time()
         while True:
             frontiers = [h.frontier for h in handles if h.frontier is not None]
@@ -265,6 +326,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             while done_sending < len(epoch_list) and (least is None or epoch_list[done_sending] < least):
                 sent[epoch_list[done_sending]] = now
                 done_sending += 1
+            while triggers and triggers[0][0] <= done_sending and scaling is not None:
+                members = list(range(triggers.pop(0)[1]))
+                for h in scaling.handles:
+                    h.controller.rescale_roster(members, strategy)
             while done_passing < done_sending and not probe.less_equal(epoch_list[done_passing]):
                 passed[epoch_list[done_passing]] = now
                 done_passing += 1
@@ -291,7 +356,13 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             except pa.ArrowInvalid:  # batches with slightly different schemas
                 table = pa.concat_tables([pa.Table.from_batches([b]) for b in batches],
                                          promote_options="permissive").combine_chunks()
-        return {"table": table, "sent": sent, "passed": passed, "start": start, "end": finish}
+        moved = None
+        if scaling is not None:
+            from tokenflow.rescale.report import collect as collect_moves
+
+            moved = collect_moves(scaling.handles)
+        return {"table": table, "sent": sent, "passed": passed, "start": start, "end": finish,
+                "moved": moved}
 
     options: dict[str, Any] = {}
     if runtime == "spark":
@@ -302,7 +373,20 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         options["catalog"] = catalog
     checkpoints: list[Any] = []
     failures = 0
-    if checkpoint is None:
+    rescales: list[Any] = []
+    if checkpoint is None and (rescale_schedule or coordinator is not None):
+        from tokenflow.job import start
+        from tokenflow.rescale.remote import ScaleDriver
+
+        handle = start(job, workers, runtime, name=f"nexmark.{name}", coordinator=coordinator,
+                       **options)
+        driver = ScaleDriver(handle, rescale_schedule, strategy, coordinator, on_rescale).start()
+        try:
+            results = handle.result()
+        finally:
+            driver.stop()
+        rescales = driver.events
+    elif checkpoint is None:
         results = execute(job, workers=workers, runtime=runtime, **options)
     else:
         from tokenflow.recovery import CheckpointedJob
@@ -322,11 +406,17 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     outputs = [r["table"] for r in results if r["table"] is not None]
     rows = _frame(outputs, columns)
     p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies else (np.nan, np.nan)
+    migrations: list[Any] = []
+    if elastic and initial is not None:
+        from tokenflow.rescale.report import summarize
+
+        migrations = summarize([r["moved"] or {} for r in results], initial)
     return QueryResult(
         query=name, events=events, workers=workers, runtime=runtime, rows=rows, seconds=seconds,
         events_per_second=events / seconds if seconds > 0 else float("inf"),
         latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
-        granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures)
+        granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures,
+        rescales=rescales, migrations=migrations)
 
 
 def _frame(tables: list[pa.Table], columns: list[str]) -> pd.DataFrame:

@@ -39,6 +39,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+import pyarrow as pa
 
 from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
@@ -111,11 +112,15 @@ def plan(old: RoutingTable, new: RoutingTable, strategy: str = "batched",
 
 @dataclass
 class StepStats:
-    """One migration step as its old owner saw it."""
+    """One migration step as one worker saw it: ``bins`` it sent at logical time ``time``,
+    their state's ``bytes`` (Arrow bytes: ``pa.Table.nbytes`` of the exported bins) and, when
+    the operator measures (``measure=True``), ``total``: the bytes of all the state it held
+    just before the step (every worker records every step then, senders or not)."""
 
     time: int
     bins: int
     bytes: int
+    total: int = 0
 
 
 class Controller:
@@ -124,22 +129,31 @@ class Controller:
     Attributes:
         table: the routing table after every requested step.
         issued: ``(time, moves)`` of every step sent.
+        changes: ``(first step time, table)`` per ``rescale`` call that moved bins, in
+            order: the step times from one entry to the next belong to that table change.
     """
 
     def __init__(self, table: RoutingTable, lead: int) -> None:
         self.table = table
         self.lead = lead
         self.issued: list[tuple[int, list[Move]]] = []
-        self._steps: collections.deque[list[Move]] = collections.deque()
+        self.changes: list[tuple[int, RoutingTable]] = []
+        self._steps: collections.deque[tuple[list[Move], RoutingTable | None]] = \
+            collections.deque()
         self.activate: Callable[[], None] = lambda: None
         self.driving = False
         """True on the worker whose control source sends the steps (worker 0)."""
 
     def rescale(self, table: RoutingTable, strategy: str = "batched",
                 batch_bins: int = BATCH_BINS) -> int:
-        """Move to ``table`` in steps of ``strategy``; returns the number of steps."""
+        """Move to ``table`` in steps of ``strategy``; returns the number of steps.
+
+        Raises:
+            ValueError: an unknown strategy or a table of another bin count (``plan``).
+        """
         steps = plan(self.table, table, strategy, batch_bins)
-        self._steps.extend(steps)
+        for i, step in enumerate(steps):
+            self._steps.append((step, table if i == 0 else None))
         self.table = table
         self.activate()
         return len(steps)
@@ -181,10 +195,12 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
             if controller._steps:
                 base = max(token.time, min(frontier) + lead if frontier else token.time)
                 while controller._steps:
-                    step = controller._steps.popleft()
+                    step, table = controller._steps.popleft()
                     token.downgrade(base)
                     output.give_batch(token, [(m.bin, m.old, m.new) for m in step])
                     controller.issued.append((base, step))
+                    if table is not None:
+                        controller.changes.append((base, table))
                     base += 1
                 token.downgrade(base)
             elif not frontier:
@@ -225,31 +241,53 @@ class _TargetPusher:
 
 
 @dataclass
-class _Shared:
-    """What F and S of one worker share."""
+class Shared:
+    """What the router F and the state operator S of one worker share (worker-local memory).
 
-    state: KeyedState[Any, Any]
-    applied: list[Any] = field(default_factory=lambda: [0])  # S's input frontier, last run
+    Attributes:
+        take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
+        size: bytes of all the state held (``pa.Table.nbytes`` of a full export; measuring).
+        applied: S's input frontier (elements of all its inputs) when it last ran: F sends a
+            bin's state at ``t`` once no element is ``< t``.
+        waiting: F waits for S (S activates F after each run).
+        released: called by F after a take: S releases the tokens of the state it no longer
+            holds.
+        moved: this worker's migration steps (``StepStats``), in order.
+    """
+
+    take: Callable[[list[int]], dict[int, pa.Table]]
+    size: Callable[[], int] = lambda: 0
+    applied: list[Any] = field(default_factory=lambda: [0])
     activate_router: Callable[[], None] = lambda: None
+    released: Callable[[], None] = lambda: None
+    waiting: bool = False
     moved: list[StepStats] = field(default_factory=list)
 
 
 @dataclass
-class MegaphoneHandle:
-    """A worker's view of one migrating operator: its ``controller`` (worker 0 drives it) and
-    the ``moved`` steps this worker sent as an old owner (bins, bytes of Arrow state)."""
+class MigrationHandle:
+    """A worker's view of one migrating operator: its ``controller`` (worker 0 drives it),
+    ``stream`` (its output) and the ``moved`` steps this worker recorded."""
 
+    name: str
     controller: Controller
-    shared: _Shared
+    shared: Shared
     stream: Stream
 
     @property
     def moved(self) -> list[StepStats]:
         return self.shared.moved
 
+
+@dataclass
+class MegaphoneHandle(MigrationHandle):
+    """``megaphone_fold``'s handle; ``state`` is the worker's ``KeyedState``."""
+
+    keyed: KeyedState[Any, Any] = field(default_factory=KeyedState)
+
     @property
     def state(self) -> KeyedState[Any, Any]:
-        return self.shared.state
+        return self.keyed
 
 
 def _owners_at(versions: list[tuple[int, np.ndarray]], time: int) -> np.ndarray:
@@ -259,6 +297,142 @@ def _owners_at(versions: list[tuple[int, np.ndarray]], time: int) -> np.ndarray:
         raise AssertionError(f"no routing table version for time {time} (oldest kept: "
                              f"{versions[0][0]})")
     return versions[i][1]
+
+
+Splitter = Callable[[Any, np.ndarray], Iterable[tuple[int, Any]]]
+"""``split(batch, owners) -> [(worker, part)]``: a data batch cut by the owner of each record's
+bin (``owners``: worker per bin, the routing table version in effect at the batch's time)."""
+
+
+def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, shared: Shared,
+           lead: int = 1, measure: bool = False,
+           name: str = "Megaphone") -> tuple[list[Stream], Controller]:
+    """F, the router of a migrating operator with one input per stream of ``streams``.
+
+    Output ``i`` carries input ``i``'s records as ``(worker, "d", part)`` and, on output 0,
+    moved state as ``(worker, "s", {bin: pa.Table})``; connect each with ``ByTarget()``.
+    A record at time ``s`` is routed once the control frontier has passed ``s``, by the
+    routing table version in effect at ``s`` (``split(batch, owners)``).  For a step at ``t``
+    moving bins away from this worker (every step when ``measure``), F holds a token at ``t``
+    on every output until S has applied every record before ``t`` (``shared.applied``), then
+    takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners.
+
+    Returns:
+        The routed streams (one per input) and the ``Controller`` (registered with the
+        worker's ``rescalers``).
+    """
+    scope = streams[0].scope
+    worker = scope.worker
+    data_frontier: list[Any] = [[0]]
+    control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
+                                         f"{name}.Control")
+    worker.rescalers.append(controller)
+
+    builder = OperatorBuilder(f"{name}.Route", scope)
+    data_ins = [builder.new_input(s, "pipeline") for s in streams]
+    control_in = builder.new_input(control, Broadcast())
+    outs = []
+    routed = []
+    for _ in streams:
+        out, stream = builder.new_output()
+        outs.append(out)
+        routed.append(stream)
+    me = scope.worker_index
+
+    def constructor(caps: list[Any]) -> Any:
+        for cap in caps:
+            cap.drop()
+        versions: list[tuple[int, np.ndarray]] = [(-(1 << 62), table.owners.copy())]
+        waiting: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # (input, time) -> token, batches
+        sends: list[tuple[int, list[Any], list[Move]]] = []  # (time, tokens, moves from me)
+        shared.activate_router = builder.activator()
+
+        def owns_nothing() -> str | None:  # asked before this worker may leave the job
+            owned = int(np.count_nonzero(versions[-1][1] == me))
+            if owned or sends:
+                return f"{name}: worker {me} still owns {owned} bins ({len(sends)} steps to send)"
+            return None
+
+        worker.leave_checks.append(owns_nothing)
+
+        def route(i: int, time: int, token: Any, batches: list[Any]) -> None:
+            owners = _owners_at(versions, time)
+            records = [(t, "d", part) for batch in batches for t, part in split[i](batch, owners)]
+            if records:
+                outs[i].give_batch(token, records, time=time)
+
+        def logic(frontiers: Any) -> None:
+            for ref, batch in control_in:
+                moves = [Move(*m) for m in batch]
+                owners = _owners_at(versions, ref.time).copy()
+                for m in moves:
+                    owners[m.bin] = m.new
+                bisect.insort(versions, (ref.time, owners), key=lambda v: v[0])
+                for later in range(len(versions)):  # a step applies to later versions too
+                    t, later_owners = versions[later]
+                    if t > ref.time:
+                        for m in moves:
+                            later_owners[m.bin] = m.new
+                mine = [m for m in moves if m.old == me]
+                if mine or measure:
+                    sends.append((ref.time, [ref.retain_for_output(o) for o in range(len(outs))],
+                                  mine))
+            control_frontier = control_in.frontier
+            for i, data_in in enumerate(data_ins):
+                for ref, batch in data_in:
+                    if not len(batch):
+                        continue
+                    if control_frontier.less_equal(ref.time):
+                        held = waiting.get((i, ref.time))
+                        if held is None:
+                            waiting[(i, ref.time)] = (ref.retain_for_output(i), [batch])
+                        else:
+                            held[1].append(batch)
+                    else:
+                        route(i, ref.time, ref, [batch])
+            for key in sorted(waiting, key=lambda k: k[1]):
+                if not control_frontier.less_equal(key[1]):
+                    token, batches = waiting.pop(key)
+                    route(key[0], key[1], token, batches)
+                    token.drop()
+            elements = [e for data_in in data_ins for e in data_in.frontier.frontier()]
+            now = [min(elements)] if elements else []
+            if now != data_frontier[0]:
+                data_frontier[0] = now
+                controller.activate()  # the control source follows the data frontier
+            # versions no record can use any more: none may still arrive, none waits here
+            low = min([*now, *(t for _, t in waiting)], default=None)
+            if low is not None and len(versions) > 1:
+                keep = bisect.bisect_right(versions, low, key=lambda v: v[0]) - 1
+                if keep > 0:
+                    del versions[:keep]
+            for entry in list(sends):
+                t, tokens, moves = entry
+                applied = shared.applied
+                if applied and min(applied) < t:
+                    continue  # S has not applied every record before t yet
+                total = shared.size() if measure else 0
+                parts = shared.take([m.bin for m in moves]) if moves else {}
+                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
+                for m in moves:
+                    if m.bin in parts:
+                        by_target[m.new][m.bin] = parts[m.bin]
+                if by_target:
+                    outs[0].give_batch(tokens[0], [(target, "s", tables)
+                                                   for target, tables in by_target.items()])
+                shared.moved.append(StepStats(t, len(moves),
+                                              sum(tb.nbytes for tb in parts.values()), total))
+                for token in tokens:
+                    token.drop()
+                sends.remove(entry)
+                if moves:
+                    shared.released()
+            shared.waiting = bool(sends)
+
+        return logic
+
+    builder.build(constructor)
+    return routed, controller
 
 
 def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, Iterable[Any]]],
@@ -288,100 +462,19 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
                                   f"the job without checkpoints")
     table = initial or worker.routing or RoutingTable.even(scope.peers)
     get_key = key if key is not None else (lambda r: r[0])
-    shared = _Shared(KeyedState())
-    shared.state.attach(table.bins, -1)
+    state: KeyedState[Any, Any] = KeyedState()
+    state.attach(table.bins, -1)
+    shared = Shared(take=state.take)
     pickled({})  # pyarrow imports pandas on its first table: not in the first migration step
-    data_frontier: list[Any] = [[0]]
-
-    control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
-                                         f"{name}.Control")
-    worker.rescalers.append(controller)
-
-    # -- F: the router ---------------------------------------------------------------------
-    router = OperatorBuilder(f"{name}.Route", scope)
-    data_in = router.new_input(stream, "pipeline")
-    control_in = router.new_input(control, Broadcast())
-    routed_out, routed = router.new_output()
-    me = scope.worker_index
-    peers = scope.peers
+    peers = getattr(worker, "slots", scope.peers)  # joining workers take free slots
     bins = table.bins
 
-    def router_constructor(caps: list[Any]) -> Any:
-        caps[0].drop()
-        versions: list[tuple[int, np.ndarray]] = [(-(1 << 62), table.owners.copy())]
-        waiting: dict[int, tuple[Any, list[Any]]] = {}  # time -> (token, records)
-        sends: list[tuple[int, Any, list[Move]]] = []  # (time, token, moves from me)
-        shared.activate_router = router.activator()
+    def split(records: list[Any], owners: np.ndarray) -> Iterable[tuple[int, Any]]:
+        targets = owners[key_bins([get_key(r) for r in records], bins)]
+        routes = targets.astype(np.uint8).tobytes() if peers <= MASKED_PEERS else targets.tolist()
+        return partition_list(records, routes, peers)
 
-        def route(time: int, token: Any, records: list[Any]) -> None:
-            owners = _owners_at(versions, time)
-            targets = owners[key_bins([get_key(r) for r in records], bins)]
-            routes = targets.astype(np.uint8).tobytes() if peers <= MASKED_PEERS else targets.tolist()
-            routed_out.give_batch(token, [(t, "d", part) for t, part in
-                                          partition_list(records, routes, peers)], time=time)
-
-        def logic(frontiers: Any) -> None:
-            for ref, batch in control_in:
-                moves = [Move(*m) for m in batch]
-                owners = _owners_at(versions, ref.time).copy()
-                for m in moves:
-                    owners[m.bin] = m.new
-                bisect.insort(versions, (ref.time, owners), key=lambda v: v[0])
-                for later in range(len(versions)):  # a step applies to later versions too
-                    t, later_owners = versions[later]
-                    if t > ref.time:
-                        for m in moves:
-                            later_owners[m.bin] = m.new
-                mine = [m for m in moves if m.old == me]
-                if mine:
-                    sends.append((ref.time, ref.retain(), mine))
-            control_frontier = control_in.frontier
-            for ref, batch in data_in:
-                if not batch:
-                    continue
-                if control_frontier.less_equal(ref.time):
-                    held = waiting.get(ref.time)
-                    if held is None:
-                        waiting[ref.time] = (ref.retain(), list(batch))
-                    else:
-                        held[1].extend(batch)
-                else:
-                    route(ref.time, ref, list(batch))
-            for t in sorted(waiting):
-                if not control_frontier.less_equal(t):
-                    token, records = waiting.pop(t)
-                    route(t, token, records)
-                    token.drop()
-            now = data_in.frontier.frontier()
-            if now != data_frontier[0]:
-                data_frontier[0] = now
-                controller.activate()  # the control source follows the data frontier
-            # versions no record can use any more: none may still arrive, none waits here
-            low = min([*data_frontier[0], *waiting], default=None)
-            if low is not None and len(versions) > 1:
-                keep = bisect.bisect_right(versions, low, key=lambda v: v[0]) - 1
-                if keep > 0:
-                    del versions[:keep]
-            applied = shared.applied
-            for entry in list(sends):
-                t, token, moves = entry
-                if applied and min(applied) < t:
-                    continue  # S has not applied every record before t yet
-                parts = shared.state.take([m.bin for m in moves])
-                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
-                for m in moves:
-                    if m.bin in parts:
-                        by_target[m.new][m.bin] = parts[m.bin]
-                routed_out.give_batch(token, [(target, "s", tables)
-                                              for target, tables in by_target.items()])
-                shared.moved.append(StepStats(t, len(moves),
-                                              sum(tb.nbytes for tb in parts.values())))
-                token.drop()
-                sends.remove(entry)
-
-        return logic
-
-    router.build(router_constructor)
+    (routed,), controller = router([stream], [split], table, shared, lead, name=name)
 
     # -- S: the state ----------------------------------------------------------------------
     state_op = OperatorBuilder(f"{name}.State", scope)
@@ -391,7 +484,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     def state_constructor(caps: list[Any]) -> Any:
         caps[0].drop()
         pending: dict[int, tuple[Any, list[Any], list[Any]]] = {}  # time -> (token, states, data)
-        data = shared.state.data
+        data = state.data
 
         def logic(frontiers: Any) -> None:
             for ref, batch in state_in:
@@ -406,15 +499,16 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
                     break
                 token, states, parts = pending.pop(t)
                 for tables in states:
-                    shared.state.load(tables)
+                    state.load(tables)
                 with out.session(token) as session:
                     for part in parts:
                         fold_records(part, data, fold, get_key, key is not None, session)
                 token.drop()
             shared.applied = frontier.frontier()
-            shared.activate_router()
+            if shared.waiting:
+                shared.activate_router()
 
         return logic
 
     state_op.build(state_constructor)
-    return MegaphoneHandle(controller, shared, outputs)
+    return MegaphoneHandle(name, controller, shared, outputs, state)

@@ -20,6 +20,7 @@ per ``pending_times()`` from its initial token (the timestamp-tokens paper §5).
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar
 
@@ -34,6 +35,7 @@ from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_fron
 from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.state import BinnedState, split_by_bin
 from tokenflow.dataflow.stream import Stream
+from tokenflow.rescale.migrate import Elastic, keyed_operator, migrates
 from tokenflow.state.bins import bins_of
 
 INT64_MIN = np.iinfo(np.int64).min
@@ -78,20 +80,44 @@ class WindowTokens:
 
     ``initial`` mints the tokens of the windows a restored state already holds; ``mint`` adds
     one for each new window end from an invocation's least message ref; ``pop`` hands a
-    window's token over when it is retired (the caller sends with it, then drops it).
+    window's token over when it is retired (the caller sends with it, then drops it);
+    ``least`` is the earliest end held.  As ``tokenflow.rescale.migrate.HeldTokens``:
+    ``adopt`` is ``mint`` (the windows of state moved in), ``release`` drops the tokens of
+    windows the state no longer holds (moved out).
     """
 
-    __slots__ = ("_tokens",)
+    __slots__ = ("_tokens", "_ends")
 
     def __init__(self, initial: Capability, ends: Iterable[int]) -> None:
         self._tokens: dict[int, Capability] = {t: initial.delayed(t) for t in ends}
+        self._ends: list[int] = sorted(self._tokens)  # a heap of the held ends (and stale ones)
 
     def mint(self, least: CapabilityRef, ends: Iterable[int]) -> None:
-        """A token at each of ``ends`` not held yet, from ``least`` (valid this invocation)."""
+        """A token at each of ``ends`` not held yet, from ``least`` (valid this invocation).
+
+        Raises:
+            CapabilityError: an end before ``least``'s time.
+        """
         tokens = self._tokens
         for end in ends:
             if end not in tokens:
                 tokens[end] = least.delayed(end)
+                heapq.heappush(self._ends, end)
+
+    adopt = mint
+
+    def release(self, ends: Iterable[int]) -> None:
+        """Drop the tokens of the windows not in ``ends``."""
+        keep = set(ends)
+        for end in [e for e in self._tokens if e not in keep]:
+            self._tokens.pop(end).drop()
+
+    def least(self) -> int | None:
+        """The earliest window end held, or None."""
+        ends, tokens = self._ends, self._tokens
+        while ends and ends[0] not in tokens:
+            heapq.heappop(ends)
+        return ends[0] if ends else None
 
     def pop(self, end: int) -> Capability:
         """The token of the window ending at ``end``, no longer held here."""
@@ -254,10 +280,18 @@ class ColumnarState(BinnedState):
                 self.add_rows(i, mine.select(list(columns)))
 
     def discard(self, bins: Iterable[int]) -> None:
+        self.take(bins)
+
+    def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:
+        """``export(bins)`` then ``discard(bins)`` with one export: the state of ``bins`` (one
+        table per non-empty bin), no longer held here (the rest is rebuilt from its rows)."""
         gone = set(bins)
-        kept = {b: t for b, t in self.export().items() if b not in gone}
-        self.clear()
-        self.load(kept)
+        everything = self.export()
+        taken = {b: t for b, t in everything.items() if b in gone}
+        if taken:
+            self.clear()
+            self.load({b: t for b, t in everything.items() if b not in gone})
+        return taken
 
 
 class WindowMaxState(ColumnarState):
@@ -343,7 +377,7 @@ class WindowMaxState(ColumnarState):
 
 def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusive: bool,
                prepare: Callable[[pa.Table], pa.Table] | None = None,
-               name: str = "WindowMax") -> Stream:
+               name: str = "WindowMax", elastic: Elastic | None = None) -> Stream:
     """Per window, the rows whose ``value`` is the window's maximum (ties all kept).
 
     Input: Arrow batches; ``prepare(table)`` (vectorized, optional) turns the batches received
@@ -360,8 +394,12 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     ``Exchange(column=...)``), or worker-local for any other pact; restored from a snapshot, it
     gets its tokens from the initial token (one per ``pending_times()``).
 
+    ``elastic`` (with an ``Exchange(column=...)`` pact): a migrating operator whose bins move
+    between workers while the job runs (``tokenflow.rescale.migrate.keyed_operator``).
+
     Raises:
-        ValueError: ``pact`` is an ``Exchange`` without a ``column`` (rows are Arrow).
+        ValueError: ``pact`` is an ``Exchange`` without a ``column`` (rows are Arrow), or
+            ``elastic`` with another pact.
         CapabilityError: when a row's ``window_end`` is before its message's time (it cannot
             be sent at its end).
     """
@@ -371,10 +409,13 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
             raise ValueError(f"operator {name!r}: window_max exchanges Arrow rows by a column; "
                              "use Exchange(column=...)")
         key = pact.column
+    elif elastic is not None:
+        raise ValueError(f"operator {name!r}: only an exchanged window_max can migrate")
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         held = info.state("windows", WindowMaxState(value, schema, key))
         tokens = WindowTokens(capability, held.pending_times())
+        migrates(info, tokens)
         capability.drop()
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -393,6 +434,8 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
 
         return logic
 
+    if key is not None:
+        return keyed_operator([stream], [key], name, constructor, elastic)
     return unary_frontier(stream, pact, name, constructor)
 
 

@@ -45,6 +45,7 @@ from a snapshot, each re-mints its one token at its state's ``pending_times()``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -52,9 +53,8 @@ import pandas as pd
 import pyarrow as pa
 
 from tokenflow.dataflow.capability import Capability, CapabilitySet
-from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
-from tokenflow.dataflow.operators.generic import OperatorInfo, binary_frontier, unary_frontier
+from tokenflow.dataflow.operators.generic import OperatorInfo
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
     ColumnarState,
@@ -65,8 +65,12 @@ from tokenflow.nexmark.queries._windows import (
     int_column,
     key_hashes,
 )
+from tokenflow.rescale.migrate import Elastic, LeastToken, keyed_operator, migrates
 
 COLUMNS: list[str] = ["category", "avg_price", "time"]
+ELASTIC = True
+"""``build(..., elastic=Elastic())`` builds the stateful operators as migrating ones
+(``tokenflow.rescale.migrate``): their bins move between workers while the job runs."""
 SCHEMA = pa.schema([("category", pa.int64()), ("avg_price", pa.float64()), ("time", pa.int64())])
 WINNER_SCHEMA = pa.schema([("category", pa.int64()), ("price", pa.int64())])
 """Stage 1 output: one row per closed auction with a winning bid, at time ``expires``."""
@@ -222,6 +226,13 @@ class AuctionBook(ColumnarState):
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
 
+    def load(self, parts: Mapping[int, pa.Table]) -> None:
+        """Add the rows of ``parts`` (``ColumnarState.load``), then apply the waiting bids
+        whose auction is now open: a moved bin's bids may have arrived before its auctions'
+        state (``tokenflow.rescale.migrate``)."""
+        super().load(parts)
+        self.match_waiting()
+
     def snapshot(self) -> dict[str, Any]:
         """``{"open": pa.Table, "waiting": pa.Table}`` (copies: ``best`` changes in place)."""
         return {"open": pa.table({k: v.copy() for k, v in self.open.items()}),
@@ -234,19 +245,21 @@ class AuctionBook(ColumnarState):
                         for k in ("auction", "price", "dateTime")}
 
 
-def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close") -> Stream:
+def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
+                   elastic: Elastic | None = None) -> Stream:
     """Stage 1: ``(category, price)`` (``WINNER_SCHEMA``) of every auction with a winning bid,
     sent at time ``expires`` once the bid frontier has reached it (or the bids ended).
 
     Inputs: auction batches (exchanged by ``id``) and bid batches (exchanged by ``auction``).
     Tokens: one, at the least open ``expires``, in a ``CapabilitySet`` (see the module notes).
     State: ``"book"``, an ``AuctionBook``; restored from a snapshot, its token is minted from
-    the initial token.
+    the initial token.  ``elastic``: a migrating operator (``tokenflow.rescale.migrate``).
     """
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         state = info.state("book", AuctionBook())
         token = CapabilitySet(capability.delayed(t) for t in state.pending_times())
+        migrates(info, LeastToken(token))
         capability.drop()
 
         def logic(auction_in: OperatorInput, bid_in: OperatorInput, output: OperatorOutput) -> None:
@@ -281,8 +294,7 @@ def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close") -> Str
 
         return logic
 
-    return binary_frontier(auctions, bids, Exchange(column="id"), Exchange(column="auction"),
-                           name, constructor)
+    return keyed_operator([auctions, bids], ["id", "auction"], name, constructor, elastic)
 
 
 TOTALS_SCHEMA = pa.schema([("category", pa.int64()), ("sum", pa.int64()), ("count", pa.int64())])
@@ -397,16 +409,18 @@ class CategoryAverages(ColumnarState):
         self.pending = [(int(t), b) for t, b in snapshot["pending"]]
 
 
-def running_average(winners: Stream, name: str = "Q4Average") -> Stream:
+def running_average(winners: Stream, name: str = "Q4Average",
+                    elastic: Elastic | None = None) -> Stream:
     """Stage 2: exchange winners by ``category``; once the frontier passes a time, send one
     ``SCHEMA`` row per category whose average changed at that time (at that time, in time
     order).  Tokens: a ``CapabilitySet`` with one token at the least pending time.  State:
     ``"averages"``, a ``CategoryAverages``; restored from a snapshot, its token is minted from
-    the initial token."""
+    the initial token.  ``elastic``: a migrating operator (``tokenflow.rescale.migrate``)."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         held = info.state("averages", CategoryAverages())
         token = CapabilitySet(capability.delayed(t) for t in held.pending_times())
+        migrates(info, LeastToken(token))
         capability.drop()
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -433,18 +447,19 @@ def running_average(winners: Stream, name: str = "Q4Average") -> Stream:
 
         return logic
 
-    return unary_frontier(winners, Exchange(column="category"), name, constructor)
+    return keyed_operator([winners], ["category"], name, constructor, elastic)
 
 
-def build(streams: dict[str, Stream], config: Any = None) -> Stream:
+def build(streams: dict[str, Stream], config: Any = None, elastic: Elastic | None = None) -> Stream:
     """Q4 over ``nexmark_source`` streams (uses ``auction`` and ``bid``); ``config`` is unused.
+    With ``elastic`` both stateful operators migrate (``tokenflow.rescale.migrate``).
 
     Returns the stream of ``SCHEMA`` record batches (``category, avg_price, time``), each at
     its logical time ``time``.
     """
     auctions = coalesce(streams["auction"], name="Q4CoalesceAuctions")
     bids = coalesce(streams["bid"], name="Q4CoalesceBids")
-    return running_average(close_auctions(auctions, bids))
+    return running_average(close_auctions(auctions, bids, elastic=elastic), elastic=elastic)
 
 
 def last_per_category(df: pd.DataFrame) -> pd.DataFrame:
@@ -474,6 +489,6 @@ def compare(dataflow_df: pd.DataFrame, spark_df: pd.DataFrame) -> None:
             f"category vs Spark's final average):\n{bad.to_string(index=False)}")
 
 
-__all__ = ["COLUMNS", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TOTALS_SCHEMA", "WINNERS_SQL",
+__all__ = ["COLUMNS", "ELASTIC", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TOTALS_SCHEMA", "WINNERS_SQL",
            "WINNER_SCHEMA", "AuctionBook", "CategoryAverages", "build", "close_auctions",
            "compare", "last_per_category", "running_average"]

@@ -42,7 +42,7 @@ import pyarrow as pa
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
-from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
+from tokenflow.dataflow.operators.generic import OperatorInfo, unary
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
     ColumnarState,
@@ -56,6 +56,7 @@ from tokenflow.nexmark.queries._windows import (
     passed,
     window_max,
 )
+from tokenflow.rescale.migrate import Elastic, keyed_operator, migrates
 
 SIZE_MS = 10_000
 """Window length (ms)."""
@@ -63,6 +64,9 @@ SLIDE_MS = 5_000
 """Distance between window starts (ms)."""
 
 COLUMNS: list[str] = ["window_start", "window_end", "auction", "count"]
+ELASTIC = True
+"""``build(..., elastic=Elastic())`` builds the stateful operators as migrating ones
+(``tokenflow.rescale.migrate``): their bins move between workers while the job runs."""
 SCHEMA = pa.schema([(c, pa.int64()) for c in COLUMNS])
 
 SPARK_SQL = f"""
@@ -241,7 +245,8 @@ def _sum_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray,
     return unique, totals
 
 
-def count_candidates(partials: Stream, name: str = "Q5Count") -> Stream:
+def count_candidates(partials: Stream, name: str = "Q5Count",
+                     elastic: Elastic | None = None) -> Stream:
     """Stage 1: per window, this worker's auctions with the most bids, sent at ``window_end``.
 
     Input: ``PARTIAL_SCHEMA`` batches (``pre_count``), exchanged by ``auction`` here.  Tokens:
@@ -249,11 +254,13 @@ def count_candidates(partials: Stream, name: str = "Q5Count") -> Stream:
     opened it (every bid's windows end after its ``dateTime`` >= its message time), dropped
     after the window's candidates are sent.  State: ``"counts"``, a ``WindowCounts``;
     restored from a snapshot, its windows get their tokens from the initial token.
+    ``elastic``: a migrating operator (``tokenflow.rescale.migrate``).
     """
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         held = info.state("counts", WindowCounts())
         tokens = WindowTokens(capability, held.pending_times())
+        migrates(info, tokens)
         capability.drop()
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
@@ -270,18 +277,19 @@ def count_candidates(partials: Stream, name: str = "Q5Count") -> Stream:
 
         return logic
 
-    return unary_frontier(partials, Exchange(column="auction"), name, constructor)
+    return keyed_operator([partials], ["auction"], name, constructor, elastic)
 
 
-def build(streams: dict[str, Stream], config: Any = None) -> Stream:
+def build(streams: dict[str, Stream], config: Any = None, elastic: Elastic | None = None) -> Stream:
     """Q5 over ``nexmark_source`` streams (uses ``streams["bid"]``); ``config`` is unused.
+    With ``elastic`` both stateful operators migrate (``tokenflow.rescale.migrate``).
 
     Returns the stream of ``SCHEMA`` record batches, one per window at time ``window_end``.
     """
-    local = count_candidates(pre_count(streams["bid"]))
+    local = count_candidates(pre_count(streams["bid"]), elastic=elastic)
     return window_max(local, Exchange(column="window_start"), "count", SCHEMA, inclusive=True,
-                      name="Q5GlobalMax")
+                      name="Q5GlobalMax", elastic=elastic)
 
 
-__all__ = ["COLUMNS", "COUNTS_SCHEMA", "PARTIAL_SCHEMA", "SCHEMA", "SIZE_MS", "SLIDE_MS", "SPARK_SQL",
-           "WindowCounts", "build", "count_candidates", "partial_counts", "pre_count"]
+__all__ = ["COLUMNS", "COUNTS_SCHEMA", "ELASTIC", "PARTIAL_SCHEMA", "SCHEMA", "SIZE_MS", "SLIDE_MS",
+           "SPARK_SQL", "WindowCounts", "build", "count_candidates", "partial_counts", "pre_count"]

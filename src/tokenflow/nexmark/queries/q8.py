@@ -31,7 +31,6 @@ initial token.
 
 from __future__ import annotations
 
-import heapq
 from typing import Any
 
 import numpy as np
@@ -39,14 +38,17 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from tokenflow.dataflow.capability import Capability
-from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
-from tokenflow.dataflow.operators.generic import OperatorInfo, binary
+from tokenflow.dataflow.operators.generic import OperatorInfo
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
-from tokenflow.nexmark.queries._windows import ColumnarState, int_column, key_hashes
+from tokenflow.nexmark.queries._windows import ColumnarState, WindowTokens, int_column, key_hashes
+from tokenflow.rescale.migrate import Elastic, keyed_operator, migrates
 
 COLUMNS: list[str] = ["window_start", "window_end", "id", "name"]
+ELASTIC = True
+"""``build(..., elastic=Elastic())`` builds the stateful operators as migrating ones
+(``tokenflow.rescale.migrate``): their bins move between workers while the job runs."""
 SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.int64()),
                                ("id", pa.int64()), ("name", pa.utf8())])
 WINDOW_MS = 10_000
@@ -83,8 +85,8 @@ class WindowState(ColumnarState):
     token at or before the earliest of them to re-create them.
 
     As a ``BinnedState`` (``ColumnarState``): part 0, the persons (``PERSON_ROWS``) keyed by
-    ``id``; part 1, the sellers (``SELLER_ROWS``) keyed by ``seller``.  The window size is the
-    operator's parameter, not exported.
+    ``id``; part 1, the distinct sellers of each window (``SELLER_ROWS``) keyed by
+    ``seller``.  The window size is the operator's parameter, not exported.
     """
 
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
@@ -150,7 +152,9 @@ class WindowState(ColumnarState):
                                schema=PERSON_ROWS)
         else:
             persons = PERSON_ROWS.empty_table()
-        seller_arrays = [np.concatenate(arrays) for arrays in self.sellers.values()]
+        # distinct sellers per window (all the join needs): a hot seller's auctions would
+        # otherwise weigh its bin with one row each, in snapshots and in migrations
+        seller_arrays = [np.unique(np.concatenate(arrays)) for arrays in self.sellers.values()]
         if seller_arrays:
             sellers = pa.table([np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a
                                                 in zip(self.sellers, seller_arrays, strict=True)]),
@@ -203,28 +207,25 @@ def _empty() -> pa.RecordBatch:
 
 
 def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "Q8Join",
-         states: list[WindowState] | None = None) -> Stream:
+         states: list[WindowState] | None = None, elastic: Elastic | None = None) -> Stream:
     """The windowed join of ``persons`` ``(id, name, dateTime)`` and ``auctions``
     ``(seller, dateTime)`` (see the module docstring).  The worker's ``WindowState`` is the
-    operator's declared state ``"windows"``; ``states`` also receives it when given (tests)."""
+    operator's declared state ``"windows"``; ``states`` also receives it when given (tests).
+    ``elastic``: a migrating operator (``tokenflow.rescale.migrate``)."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         state = info.state("windows", WindowState(size))
         if states is not None:
             states.append(state)
-        # window end -> token at that end: a restored state's windows get theirs from the
+        # one token per open window end: a restored state's windows get theirs from the
         # initial token, which is then dropped (only open windows hold tokens)
-        tokens: dict[int, Capability] = {end: capability.delayed(end)
-                                         for end in state.pending_times()}
-        ends: list[int] = sorted(tokens)  # heap of the keys of ``tokens``
+        tokens = WindowTokens(capability, state.pending_times())
+        migrates(info, tokens)
         capability.drop()
 
         def open_windows(ref: Any, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
             unique, rows = state.windows(times)
-            for end in unique.tolist():
-                if end not in tokens:
-                    tokens[end] = ref.delayed(end)
-                    heapq.heappush(ends, end)
+            tokens.mint(ref, unique.tolist())
             return unique, rows
 
         def logic(person_in: OperatorInput, auction_in: OperatorInput, output: OperatorOutput) -> None:
@@ -242,8 +243,10 @@ def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "
                 for end, index in zip(unique.tolist(), rows, strict=True):
                     state.add_sellers(end, sellers[index])
             f1, f2 = person_in.frontier, auction_in.frontier
-            while ends and not f1.less_than(ends[0]) and not f2.less_than(ends[0]):
-                end = heapq.heappop(ends)
+            while True:
+                end = tokens.least()
+                if end is None or f1.less_than(end) or f2.less_than(end):
+                    break
                 cap = tokens.pop(end)
                 out = state.close(end)
                 if out.num_rows:
@@ -252,13 +255,13 @@ def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "
 
         return logic
 
-    return binary(persons, auctions, Exchange(column="id"), Exchange(column="seller"), name,
-                  constructor, notify=True)
+    return keyed_operator([persons, auctions], ["id", "seller"], name, constructor, elastic)
 
 
 def build(streams: dict[str, Stream], config: GeneratorConfig,
-          states: list[WindowState] | None = None) -> Stream:
-    """Persons with an auction in the same 10 s window (``COLUMNS``, at time ``window_end``)."""
+          states: list[WindowState] | None = None, elastic: Elastic | None = None) -> Stream:
+    """Persons with an auction in the same 10 s window (``COLUMNS``, at time ``window_end``);
+    with ``elastic`` the join's state migrates (``tokenflow.rescale.migrate``)."""
 
     def project_persons(batch: Any) -> pa.RecordBatch:
         return batch.select(["id", "name", "dateTime"])
@@ -268,4 +271,4 @@ def build(streams: dict[str, Stream], config: GeneratorConfig,
 
     persons = streams["person"].map_batch(project_persons, name="Q8Persons")
     auctions = streams["auction"].map_batch(project_auctions, name="Q8Auctions")
-    return join(persons, auctions, states=states)
+    return join(persons, auctions, states=states, elastic=elastic)

@@ -1,0 +1,160 @@
+"""What the migrations of a job moved: per table change, bins and bytes, over all workers.
+
+Source: the distributed-DBSP design, "Scaling state" (a change of roster should move about
+``1/(W+1)`` of the state, ``hash % W`` moves ``W/(W+1)``); issue 16's acceptance (state moved
+per step <= ``1/(W+1) + 2 %`` of the state bytes on scale-out, exactly the leaving worker's
+bins on scale-in).
+
+Each worker returns ``collect(handles)`` (plain data: picklable across processes and Spark
+tasks); the driver merges them with ``summarize(parts)`` into one ``ChangeReport`` per table
+change (one ``Controller.rescale`` that moved bins), summed over the job's migrating
+operators.  Bytes are Arrow bytes (``pa.Table.nbytes`` of the exported bins).  The
+``total`` bytes need operators built with ``measure=True`` (every worker records every step).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from tokenflow.rescale.megaphone import MigrationHandle
+from tokenflow.state.bins import RoutingTable
+
+
+def collect(handles: Sequence[MigrationHandle]) -> dict[str, Any]:
+    """This worker's part: per operator, its recorded steps and, on worker 0 (the driving
+    controller), the table changes and the steps issued.
+
+    Returns:
+        ``{operator: {"moved": [StepStats as dict], "changes": [(time, table json)],
+        "issued": [(time, [(bin, old, new)])], "initial": table json}}``.
+    """
+    out: dict[str, Any] = {}
+    for h in handles:
+        c = h.controller
+        part: dict[str, Any] = {"moved": [asdict(s) for s in h.moved]}
+        if c.driving:
+            part["changes"] = [(t, table.to_json()) for t, table in c.changes]
+            part["issued"] = [(t, [(m.bin, m.old, m.new) for m in moves]) for t, moves in c.issued]
+        out[h.name] = part
+    return out
+
+
+@dataclass
+class ChangeReport:
+    """One table change (all its steps), summed over the job's migrating operators.
+
+    Attributes:
+        index: the change's position (0: the first change).
+        time: the logical time of its first step (the earliest over operators).
+        before, after: workers owning bins before and after (sorted).
+        bins: bins that changed owner (the union over operators: they all move the same
+            bins, each at its own times).
+        senders, receivers: workers that gave / got bins.
+        moved_bytes: state bytes sent, over all operators and workers.
+        total_bytes: state bytes held by all workers at the change's first step (needs
+            ``measure``; 0 otherwise).
+        sender_bytes: per sender, the bytes of all its state at the first step (``measure``).
+        owned_before: per sender, the bins it owned before the change.
+        moved_bins: the bins that changed owner.
+        operators: per operator, ``(moved_bytes, total_bytes)``.
+    """
+
+    index: int
+    time: int
+    before: list[int]
+    after: list[int]
+    bins: int
+    senders: list[int]
+    receivers: list[int]
+    moved_bytes: int
+    total_bytes: int
+    sender_bytes: dict[int, int] = field(default_factory=dict)
+    owned_before: dict[int, list[int]] = field(default_factory=dict)
+    moved_bins: list[int] = field(default_factory=list)
+    operators: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def fraction(self) -> float:
+        """``moved_bytes / total_bytes`` (NaN without totals)."""
+        return self.moved_bytes / self.total_bytes if self.total_bytes else float("nan")
+
+
+def _owners_of(table: RoutingTable) -> list[int]:
+    return sorted(w for w, c in table.counts().items() if c)
+
+
+def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[ChangeReport]:
+    """Merge the workers' ``collect`` parts (indexed by worker) into one report per change.
+
+    The tables before and after each change are rebuilt from ``initial`` by applying the
+    moves worker 0 issued (not from the tables it planned), so a step that was planned but
+    never sent shows up as a difference from ``changes``.
+
+    Raises:
+        ValueError: the operators disagree on the number of changes.
+    """
+    names = sorted({name for p in parts for name in p})
+    per_op: dict[str, list[dict[str, Any]]] = {}
+    counts = set()
+    for name in names:
+        driving = [p[name] for p in parts if name in p and "changes" in p[name]]
+        if not driving:
+            continue
+        d = driving[0]
+        starts = [int(t) for t, _ in d["changes"]]
+        counts.add(len(starts))
+        ranges = list(zip(starts, [*starts[1:], None], strict=True))
+        owners = initial.owners.copy()
+        changes = []
+        for lo, hi in ranges:
+            before = owners.copy()
+            moves = [m for t, step in d["issued"] if t >= lo and (hi is None or t < hi)
+                     for m in step]
+            for b, _, new in moves:
+                owners[b] = new
+            moved = total = 0
+            sender_bytes: dict[int, int] = {}
+            for w, p in enumerate(parts):
+                for s in p.get(name, {}).get("moved", []):
+                    if s["time"] >= lo and (hi is None or s["time"] < hi):
+                        moved += s["bytes"]
+                    if s["time"] == lo:
+                        total += s["total"]
+                        sender_bytes[w] = s["total"]
+            changes.append({"time": lo, "before": before, "after": owners.copy(), "moves": moves,
+                            "moved": moved, "total": total, "sender_bytes": sender_bytes})
+        per_op[name] = changes
+    if len(counts) > 1:
+        raise ValueError(f"operators saw different numbers of table changes: {sorted(counts)}")
+    reports = []
+    for k in range(counts.pop() if counts else 0):
+        entries = {name: changes[k] for name, changes in per_op.items()}
+        first = min(entries.values(), key=lambda e: e["time"])
+        moves = [m for e in entries.values() for m in e["moves"]]
+        senders = sorted({old for _, old, _ in moves})
+        before_table = RoutingTable(first["before"], range(int(first["before"].max()) + 1))
+        held: dict[int, int] = {}
+        for e in entries.values():
+            for w, n in e["sender_bytes"].items():
+                if w in senders:
+                    held[w] = held.get(w, 0) + n
+        reports.append(ChangeReport(
+            index=k, time=int(first["time"]),
+            before=_owners_of(before_table),
+            after=_owners_of(RoutingTable(first["after"], range(int(first["after"].max()) + 1))),
+            bins=len({b for b, _, _ in moves}), senders=senders,
+            receivers=sorted({new for _, _, new in moves}),
+            moved_bytes=sum(e["moved"] for e in entries.values()),
+            total_bytes=sum(e["total"] for e in entries.values()),
+            sender_bytes=held,
+            owned_before={w: np.flatnonzero(first["before"] == w).tolist() for w in senders},
+            moved_bins=sorted({b for b, _, _ in moves}),
+            operators={name: (e["moved"], e["total"]) for name, e in entries.items()}))
+    return reports
+
+
+__all__ = ["ChangeReport", "collect", "summarize"]
