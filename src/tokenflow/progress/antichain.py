@@ -185,15 +185,20 @@ class MutableAntichain:
 
     def _rebuild(self) -> list[tuple[Any, int]]:
         heap = self._heap
-        new_frontier: list[Any]
-        if heap is not None:
+        old = self._frontier
+        if heap is not None:  # int times: the frontier is the least positive time, if any
             counts = self._counts
             while heap and counts.get(heap[0], 0) <= 0:
                 heapq.heappop(heap)
-            new_frontier = [heap[0]] if heap else []
-        else:
-            new_frontier = self._minimal_positive()
-        old = self._frontier
+            if not heap:
+                self._frontier = []
+                return [(old[0], -1)] if old else []
+            least = heap[0]
+            if old and old[0] == least:
+                return []
+            self._frontier = [least]
+            return [(old[0], -1), (least, 1)] if old else [(least, 1)]
+        new_frontier = self._minimal_positive()
         self._frontier = new_frontier
         if old == new_frontier:
             return []
@@ -226,6 +231,17 @@ class MutableAntichain:
         if diff > 0:
             if old > 0 or count <= 0:
                 return []
+            heap = self._heap
+            if heap is not None and time.__class__ is int:  # int times: one least element
+                heapq.heappush(heap, time)
+                if not frontier:
+                    self._frontier = [time]
+                    return [(time, 1)]
+                least = frontier[0]
+                if least <= time:
+                    return []
+                self._frontier = [time]
+                return [(least, -1), (time, 1)]
             self._became_positive(time)
             for f in frontier:
                 if less_equal(f, time):
