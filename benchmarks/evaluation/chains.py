@@ -5,8 +5,9 @@ The rolling word count, gated by a second input: the input filtered to nothing, 
 chain's frontier (tokens, notifications) or watermark (watermarks) has passed it, so the chain's
 coordination cost is on the measured path although no record ever enters it:
 
-- tokens / notifications: the chain's operators are never scheduled (no data); progress
-  tracking computes their frontiers (every channel an exchange, as the paper's);
+- tokens / notifications: the chain's operators are never scheduled (no data) and do not
+  ``notify``, so progress tracking maintains no frontier for them: a frontier change crosses
+  the chain in one step, whatever its length (every channel an exchange, as the paper's);
 - watermarks-X: every operator reads through a ``WatermarkPact`` and forwards each watermark to
   every worker (the library's ``forward_watermarks``);
 - watermarks-P: every operator forwards its own worker's watermark on a pipeline channel, no
