@@ -174,3 +174,22 @@ def test_rescale_from_the_driver(runtime: str) -> None:
     assert outputs(results) == oracle()
     assert steps[0] > 0 and steps[2] == 1
     assert [bool(r["keys"]) for r in results] == [False, False, False, True]
+
+
+@pytest.mark.spark
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+def test_moves_on_spark(spark: Any) -> None:
+    """The running word count through 2 -> 3 -> 4 -> 3 -> 2 as four barrier tasks of the test
+    session's ``local[4]``: the oracle's output, and every changed bin moved once."""
+    import sys
+
+    import cloudpickle
+
+    cloudpickle.register_pickle_by_value(sys.modules[__name__])  # Spark's workers cannot import it
+    ts = tables()
+    schedule = {8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}
+    results = execute(job(schedule, "batched"), workers=WORKERS, runtime="spark",
+                      master="local[4]")
+    assert outputs(results) == oracle()
+    assert sum(s.bins for r in results for s in r["moved"]) == sum(
+        int((a.owners != b.owners).sum()) for a, b in zip(ts, ts[1:], strict=False))
