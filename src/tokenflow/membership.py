@@ -36,13 +36,19 @@ processed it and its operators released their tokens (its frontiers still advanc
 ``left`` and ends.  The driver then sends ``forget``: the others stop sending progress to ``k``
 and say goodbye on the mesh, which lets ``k``'s process close its connections.
 
+Runtimes: ``thread`` (a thread per joining worker), ``process`` (a process: it dials the
+roster, and since slots are never reused every member is below it and accepts), ``spark`` (a
+one-task barrier stage of its own on the job's SparkSession, next to the running stage; the
+master needs a task slot per worker slot).
+
 Not yet: capabilities for a joining worker's own sources (its operators start without tokens,
 so inputs and sources on it cannot produce), nested scopes (iteration) in an elastic job,
-joining on the Spark runtime.
+checkpoints of an elastic job, reusing a slot a worker left.
 """
 
 from __future__ import annotations
 
+import pickle
 import time
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -70,6 +76,10 @@ class MembershipAgent:
         self._leaving = False
         self._ready = False
         self._farewells: set[int] = set()
+        self.served: list[float] = []
+        """Seconds each bootstrap this worker served took (between two of its steps)."""
+        self.state_bytes: list[int] = []
+        """Pickled size of each progress state this worker sent."""
 
     def handle(self, worker: Any, message: dict[str, Any]) -> None:
         """Carry out one membership command (between steps).
@@ -130,8 +140,11 @@ class MembershipAgent:
             joiner, floors = entry
             if all(received.get(df, {}).get(sender, 0) >= seq
                    for df, by_sender in floors.items() for sender, seq in by_sender.items()):
-                worker.send_membership(joiner, ("bootstrap", worker.progress_states(),
-                                                list(worker.roster)))
+                began = time.perf_counter()
+                states = worker.progress_states()
+                worker.send_membership(joiner, ("bootstrap", states, list(worker.roster)))
+                self.served.append(time.perf_counter() - began)
+                self.state_bytes.append(len(pickle.dumps(states)))
                 self._bootstraps.remove(entry)
                 self.link.send({"kind": "bootstrapped", "worker": worker.index,
                                 "joiner": joiner})
