@@ -169,3 +169,46 @@ def test_non_elastic_queries_and_bad_rosters_are_refused() -> None:
         run_query("q5", 1_000, elastic=True, strategy="sideways")
     with pytest.raises(ValueError, match="checkpoint"):
         run_query("q5", 1_000, elastic=True, checkpoint="/nonexistent")
+
+
+def test_take_is_export_then_discard() -> None:
+    """``ColumnarState.take(bins)`` returns what ``export(bins)`` did and leaves exactly the
+    other bins' rows (compared table by table with exports made before the take)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tokenflow.nexmark import generate
+    from tokenflow.nexmark.queries import q4, q5, q8
+    from tokenflow.nexmark.queries._windows import int_column
+
+    events = generate(0, 20_000, GeneratorConfig(rate=2_000))
+    bids, auctions, persons = events["bid"], events["auction"], events["person"]
+    counts = q5.WindowCounts()
+    counts.add(*q5.partial_counts(int_column(bids, "auction"), int_column(bids, "dateTime")))
+    book = q4.AuctionBook()
+    book.add_auctions(pa.Table.from_batches([auctions]))
+    book.add_bids(int_column(bids, "auction"), int_column(bids, "price"),
+                  int_column(bids, "dateTime") - 10**9)  # none qualifies: all stay open
+    joined = q8.WindowState()
+    for batch, add in ((persons, joined.add_persons), (auctions, None)):
+        ends, rows = joined.windows(int_column(batch, "dateTime"))
+        for end, index in zip(ends.tolist(), rows, strict=True):
+            if add is not None:
+                add(end, batch.select(["id", "name"]).take(pa.array(index)))
+            else:
+                joined.add_sellers(end, int_column(batch, "seller")[index])
+    rng = np.random.default_rng(7)
+    for state in (counts, book, joined):
+        state.attach(256, 0)
+        before = state.export()
+        assert len(before) > 50
+        gone = sorted(rng.choice(sorted(before), size=len(before) // 3, replace=False).tolist())
+        taken = state.take(gone)
+        assert sorted(taken) == gone
+        for b in gone:
+            assert taken[b].equals(before[b]), (type(state).__name__, b)
+        after = state.export()
+        assert sorted(after) == sorted(set(before) - set(gone))
+        for b, table in after.items():
+            assert table.num_rows == before[b].num_rows, (type(state).__name__, b)
+        assert state.take(gone) == {}
