@@ -29,6 +29,7 @@ import socket
 import threading
 import time
 from collections import Counter, deque
+from collections.abc import Sequence
 from typing import Any
 
 from tokenflow.comm.auth import (
@@ -249,7 +250,7 @@ class TcpMesh:
 
     # -- setup -----------------------------------------------------------------------------
 
-    def connect(self, addresses: list[Address | None], timeout: float = 30.0,
+    def connect(self, addresses: Sequence[Address | None], timeout: float = 30.0,
                 members: list[int] | None = None) -> None:
         """Form the mesh with the workers at ``addresses`` (indexed by worker slot; None for a
         slot without a worker).  ``members``: the workers to connect to now (default every

@@ -373,7 +373,8 @@ class Subgraph:
 
     def track_state(self) -> None:
         """Keep the accumulated pointstamp changes from now on (call before
-        ``get_internal_summary``, which applies the initial tokens), so that this worker can bootstrap a joining one (``progress_state``).
+        ``get_internal_summary``, which applies the initial tokens), so that this worker can
+        bootstrap a joining one (``progress_state``).
 
         Raises:
             NotImplementedError: the scope has nested scopes (their trackers are not
