@@ -14,14 +14,17 @@ that epoch, ``run_query(rescale_at=...)``; even ``i``) or at four random wall-cl
 within the reference run's duration (the driver's ``JobHandle.rescale`` through the control
 plane, ``rescale_schedule``; odd ``i``; a change the job outlived is reported as not made).
 The events: ``--events`` (default 300,000) at 20,000 events/s of event time (15 s), epochs
-of 200 ms; the epoch points lie in the middle 60 % of the input, the wall-clock ones in the
-middle 60 % of a run without rescaling on the same runtime (start-up included).
+of 200 ms; the epoch points lie in the middle 60 % of the input, the wall-clock ones
+between 15 % and 65 % of a run without rescaling on the same runtime (start-up included, the
+shorter of two runs).
 
 The reference per query is the ordinary build (plain exchanges, no ``tokenflow.rescale``) on
 the thread runtime with 2 workers; the rows of every schedule's run must equal it exactly
 (``pandas`` frame equality after sorting by every column).  Moves are measured
 (``measure=True``) and checked per change: scale-out from W to W+1 owners moves at most
-``1/(W+1) + 2 %`` of the bytes of state held when it starts, all to the newcomer; scale-in
+``1/(W+1) + 2 %`` of the state's bytes, all to the newcomer (``ChangeReport.share``: each
+step's bytes against the bytes held at that step, as the state changes while a fluid or
+batched change runs); scale-in
 moves exactly the bins the leaving worker owned (the table before the change rebuilt from the
 moves worker 0 sent), only from it, and with all-at-once exactly its bytes.
 
@@ -65,8 +68,8 @@ def violations(result: Any, strategy: str) -> list[str]:
             if c.receivers != newcomers:
                 out.append(f"change {c.index}: bins went to {c.receivers}, not {newcomers}")
             bound = 1 / len(c.after) + 0.02
-            if c.total_bytes and c.moved_bytes > bound * c.total_bytes:
-                out.append(f"change {c.index}: moved {c.fraction:.3f} of the state > {bound:.3f}")
+            if c.total_bytes and c.share > bound:
+                out.append(f"change {c.index}: moved {c.share:.3f} of the state > {bound:.3f}")
         elif len(c.after) < len(c.before):
             leaving = sorted(set(c.before) - set(c.after))
             if c.senders != leaving:
@@ -99,7 +102,7 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
         when = [f"epoch {p}" for p in points]
     else:
         seconds = durations[(query, runtime)]
-        at = sorted(round(rng.uniform(0.2, 0.8) * seconds, 3) for _ in ROSTERS)
+        at = sorted(round(rng.uniform(0.15, 0.65) * seconds, 3) for _ in ROSTERS)
         options["rescale_schedule"] = list(zip(at, ROSTERS, strict=True))
         when = [f"{a:.2f} s" for a in at]
     began = time.perf_counter()
@@ -121,7 +124,9 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
         "trigger": "epochs" if i % 2 == 0 else "seconds", "when": when,
         "changes_made": made, "rows": len(result.rows), "same_output": same,
         "violations": violations(result, strategy), "seconds": round(elapsed, 2),
-        "fractions": [round(c.fraction, 4) if c.total_bytes else None for c in result.migrations],
+        "fractions": [round(c.share, 4) if c.total_bytes else None for c in result.migrations],
+        "moved_over_first_total": [round(c.fraction, 4) if c.total_bytes else None
+                                   for c in result.migrations],
         "rosters": [[c.before, c.after] for c in result.migrations],
         "moved_bytes": [c.moved_bytes for c in result.migrations],
         "total_bytes": [c.total_bytes for c in result.migrations],
@@ -149,7 +154,8 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, header: dict[st
         f"* All four changes made while the job ran: {complete} of {len(rows)} (a wall-clock "
         f"change after the job ended is not made; the output must still match).",
         "",
-        "Per scale-out step, the fraction of the state bytes moved (bound in brackets):",
+        "Per change, the part of the state's bytes moved (`ChangeReport.share`: each step's "
+        "bytes against the bytes held at that step), over the changes made with state held:",
         "",
     ]
     steps: dict[str, list[float]] = {}
@@ -198,11 +204,14 @@ def main() -> None:
         references[q] = run_query(q, args.events, rate=RATE, workers=2,
                                   granularity_ms=GRANULARITY).rows
         for runtime in runtimes:  # how long a run lasts, start-up included (wall-clock changes)
-            began = time.perf_counter()
-            plain = run_query(q, args.events, rate=RATE, workers=WORKERS, runtime=runtime,
-                              master="local[4]" if runtime == "spark" else None,
-                              granularity_ms=GRANULARITY)
-            durations[(q, runtime)] = time.perf_counter() - began
+            walls = []
+            for _ in range(2):  # the shorter of two: the machine is shared
+                began = time.perf_counter()
+                plain = run_query(q, args.events, rate=RATE, workers=WORKERS, runtime=runtime,
+                                  master="local[4]" if runtime == "spark" else None,
+                                  granularity_ms=GRANULARITY)
+                walls.append(time.perf_counter() - began)
+            durations[(q, runtime)] = min(walls)
             pd.testing.assert_frame_equal(plain.rows.reset_index(drop=True),
                                           references[q].reset_index(drop=True), check_dtype=False)
             print(f"reference {q} on {runtime}: {len(plain.rows):,} rows, "

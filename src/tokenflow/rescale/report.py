@@ -57,6 +57,10 @@ class ChangeReport:
         moved_bytes: state bytes sent, over all operators and workers.
         total_bytes: state bytes held by all workers at the change's first step (needs
             ``measure``; 0 otherwise).
+        share: the part of the state the change moved, each step's bytes taken against the
+            bytes held at that step (state grows and shrinks while a fluid or batched change
+            runs), averaged over the operators weighted by their bytes at the first step
+            (``measure``; equals ``moved_bytes / total_bytes`` for one step).
         sender_bytes: per sender, the bytes of all its state at the first step (``measure``).
         owned_before: per sender, the bins it owned before the change.
         moved_bins: the bins that changed owner.
@@ -76,6 +80,7 @@ class ChangeReport:
     owned_before: dict[int, list[int]] = field(default_factory=dict)
     moved_bins: list[int] = field(default_factory=list)
     operators: dict[str, tuple[int, int]] = field(default_factory=dict)
+    share: float = float("nan")
 
     @property
     def fraction(self) -> float:
@@ -118,15 +123,21 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
                 owners[b] = new
             moved = total = 0
             sender_bytes: dict[int, int] = {}
+            per_step: dict[int, list[int]] = {}  # step time -> [bytes moved, bytes held]
             for w, p in enumerate(parts):
                 for s in p.get(name, {}).get("moved", []):
                     if s["time"] >= lo and (hi is None or s["time"] < hi):
                         moved += s["bytes"]
+                        step = per_step.setdefault(s["time"], [0, 0])
+                        step[0] += s["bytes"]
+                        step[1] += s["total"]
                     if s["time"] == lo:
                         total += s["total"]
                         sender_bytes[w] = s["total"]
+            share = sum(m / t for m, t in per_step.values() if t)
             changes.append({"time": lo, "before": before, "after": owners.copy(), "moves": moves,
-                            "moved": moved, "total": total, "sender_bytes": sender_bytes})
+                            "moved": moved, "total": total, "sender_bytes": sender_bytes,
+                            "share": share})
         per_op[name] = changes
     if len(counts) > 1:
         raise ValueError(f"operators saw different numbers of table changes: {sorted(counts)}")
@@ -153,7 +164,10 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
             sender_bytes=held,
             owned_before={w: np.flatnonzero(first["before"] == w).tolist() for w in senders},
             moved_bins=sorted({b for b, _, _ in moves}),
-            operators={name: (e["moved"], e["total"]) for name, e in entries.items()}))
+            operators={name: (e["moved"], e["total"]) for name, e in entries.items()},
+            share=sum(e["share"] * e["total"] for e in entries.values()) /
+            sum(e["total"] for e in entries.values())
+            if any(e["total"] for e in entries.values()) else float("nan")))
     return reports
 
 
