@@ -147,6 +147,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               rescale_schedule: Sequence[tuple[float, int]] = (),
               rescale_at: Sequence[tuple[int, int]] = (), strategy: str = "batched",
               measure: bool = False, bins: int | None = None, coordinator: Any = None,
+              generator: GeneratorConfig | None = None,
               on_rescale: Callable[[Any], None] | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
@@ -205,6 +206,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             carry ``total_bytes``; costs one export of the state per step and worker).
         bins: bins of the migrating operators' routing table (a power of two; default
             4,096): fewer make ``fluid`` (one bin per step) take fewer steps.
+        generator: the generator's parameters (default ``GeneratorConfig(rate=rate)``; when
+            given, ``rate`` is ignored), e.g. more ``num_in_flight_auctions`` for a larger Q4
+            state.
         coordinator: the driver's ``Coordinator`` when the job runs under the control plane
             (default: ``start`` makes one); a ``tokenflow.rescale.remote.ScaleCoordinator``
             also brings requests from ``tokenflow scale``.
@@ -256,7 +260,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 raise ValueError(f"a roster of {n} workers: the job has {workers} worker processes")
         initial = RoutingTable(RoutingTable.even(roster or workers, bins or DEFAULT_BINS).owners,
                                range(workers))
-    config = GeneratorConfig(rate=rate)
+    config = generator if generator is not None else GeneratorConfig(rate=rate)
     source = None
     if input is not None:
         source = os.path.abspath(os.fspath(input))
