@@ -946,7 +946,10 @@ def _static_reader(scope: Any, name: str, splits: Sequence[Split], outputs: tupl
                    start: int | None, pause_at: int | None, max_rows: int, history: int,
                    on_epoch: OnEpoch | None) -> _Reader:
     by_key = {s.key: s for s in splits}
-    mine = assign_splits([s.key for s in splits], scope.peers)[scope.worker_index]
+    # a worker that joined the running job reads no split (the splits stay with the workers
+    # the job started with)
+    mine = [] if getattr(scope.worker, "joining", False) else \
+        assign_splits([s.key for s in splits], scope.peers)[scope.worker_index]
     positions = dict(positions or {})
     unknown = sorted(set(positions) - set(by_key))
     if unknown:

@@ -647,7 +647,10 @@ def nexmark_source(scope: Any, events: int, config: GeneratorConfig | None = Non
     builder = OperatorBuilder(name, scope, notify=False)
     ports = [builder.new_output() for _ in KINDS]
     activate = builder.activator()
-    blocks = list(worker_blocks(scope.worker_index, scope.peers, events, batch))
+    # a worker that joined the running job generates nothing: the blocks stay with the
+    # workers the job started with (its tokens would be uncounted)
+    blocks = [] if getattr(scope.worker, "joining", False) else \
+        list(worker_blocks(scope.worker_index, scope.peers, events, batch))
     metrics = getattr(scope.worker, "metrics", {})
 
     def floor(t: int) -> int:
