@@ -283,6 +283,11 @@ RescaleScheduleOption = Annotated[str | None, typer.Option(
 ElasticOption = Annotated[bool, typer.Option(
     "--elastic", help="Run under the control plane so that `tokenflow scale --workers N` can "
                       "move the migrating state while the job runs.")]
+MaxWorkersOption = Annotated[int | None, typer.Option(
+    "--max-workers", min=1, metavar="N",
+    help="Worker slots: with more than --workers, --rescale-schedule and `tokenflow scale` start "
+         "and stop worker processes (Spark: tasks), which join the running job and leave it, "
+         "instead of moving the state among the --workers started.")]
 DEFAULT_CONTROL_FILE = Path(".tokenflow") / "control.json"
 ControlFileOption = Annotated[Path, typer.Option(
     "--control-file", help="Where an elastic job writes its coordinator's address and token "
@@ -338,6 +343,7 @@ def run(
     control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
     catalog_port: CatalogPortOption = 0,
     token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
+    max_workers: MaxWorkersOption = None,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
@@ -372,24 +378,29 @@ def run(
                           restore=False)
         return
     schedule: list[tuple[float, int]] = []
+    slots = _slots(workers, max_workers)
     if rescale_schedule is not None:
         try:
-            schedule = parse_rescale_schedule(rescale_schedule, workers)
+            schedule = parse_rescale_schedule(rescale_schedule, slots)
         except ValueError as exc:
             _fail(f"bad --rescale-schedule: {exc}", 2)
     if strategy not in STRATEGY_NAMES:
         _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
-    if (schedule or elastic) and snapshot_dir is not None:
-        _fail("--rescale-schedule and --elastic cannot be combined with --snapshot-dir", 2)
+    if (schedule or elastic or slots > workers) and snapshot_dir is not None:
+        _fail("--rescale-schedule, --elastic and --max-workers cannot be combined with "
+              "--snapshot-dir", 2)
     options: dict[str, Any] = {"name": name or target}
+    if slots > workers:
+        options["slots"] = slots
+        elastic = True
     if restore is not None:
         options["restore"] = str(restore)
     if timeout is not None:
         options["timeout"] = timeout
-    _warn_capacity(err, workers, runtime.value, master)
+    _warn_capacity(err, slots, runtime.value, master)
     startup: float | None = None
     if runtime is Runtime.spark:
-        master = master or f"local[{workers}]"
+        master = master or f"local[{slots}]"
         options["master"] = master
         startup = _start_spark(master, err, quiet)
     coordinator, options["report_to"] = _scale_coordinator(runtime, master) \
@@ -462,6 +473,16 @@ def _run_until_stopped(fn: Callable[..., Any], workers: int, runtime: str, optio
     if "epoch" in snapshot:
         outcome["snapshot"] = snapshot["epoch"]
     return outcome
+
+
+def _slots(workers: int, max_workers: int | None) -> int:
+    """Worker slots of a job started with ``--workers`` and ``--max-workers`` (exits 2 when
+    ``--max-workers`` is below ``--workers``)."""
+    if max_workers is None:
+        return workers
+    if max_workers < workers:
+        _fail(f"--max-workers {max_workers} is below --workers {workers}", 2)
+    return max_workers
 
 
 def parse_rescale_schedule(text: str, workers: int) -> list[tuple[float, int]]:
@@ -1176,6 +1197,7 @@ def nexmark_query(
     strategy: StrategyOption = "batched",
     elastic: ElasticOption = False,
     control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
+    max_workers: MaxWorkersOption = None,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
 
@@ -1183,7 +1205,9 @@ def nexmark_query(
     stateful operators migrate: their bins move between the ``--workers`` worker processes at
     logical times while the query runs, following the schedule (workers ``0..N-1`` own the
     state from each time on) and ``tokenflow scale --workers N``; the moves are printed at the
-    end (``--strategy``: batched, fluid or all-at-once).
+    end (``--strategy``: batched, fluid or all-at-once).  With ``--max-workers N`` above
+    ``--workers`` the schedule and ``tokenflow scale`` start and stop worker processes instead,
+    which join the running query (the sources stay on the ``--workers`` started) and leave it.
 
     With ``--publish TOPIC`` the output is published while the query runs (a catalog starts on
     the driver; ``tokenflow subscribe URL TOPIC`` or ``Subscription`` read it).
@@ -1206,12 +1230,13 @@ def nexmark_query(
     if master is not None and runtime is not Runtime.spark:
         _fail("--master applies to --runtime spark only", 2)
     schedule: list[tuple[float, int]] = []
+    slots = _slots(workers, max_workers)
     if rescale_schedule is not None:
         try:
-            schedule = parse_rescale_schedule(rescale_schedule, workers)
+            schedule = parse_rescale_schedule(rescale_schedule, slots)
         except ValueError as exc:
             _fail(f"bad --rescale-schedule: {exc}", 2)
-    elastic = elastic or bool(schedule)
+    elastic = elastic or bool(schedule) or slots > workers
     if strategy not in STRATEGY_NAMES:
         _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
     if elastic:
@@ -1222,9 +1247,9 @@ def nexmark_query(
                   "(migrating state is not checkpointed yet)", 2)
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
-    _warn_capacity(err, workers, runtime.value, master)
+    _warn_capacity(err, slots, runtime.value, master)
     if runtime is Runtime.spark:
-        master = master or f"local[{workers}]"
+        master = master or f"local[{slots}]"
         startup = _start_spark(master, err, quiet=False)
         out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
     coordinator, endpoint = _scale_coordinator(runtime, master) if elastic else \
@@ -1238,6 +1263,8 @@ def nexmark_query(
         roster = _RosterLine(RoutingTable.even(workers), err)
         scaling = {"elastic": True, "rescale_schedule": schedule, "strategy": strategy,
                    "coordinator": coordinator, "on_rescale": roster}
+        if slots > workers:
+            scaling["max_workers"] = slots
     try:
         from tokenflow.rescale.remote import control_file as control_file_for
 

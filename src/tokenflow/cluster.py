@@ -7,14 +7,17 @@ function (cloudpickled), and collect its cloudpickled result.
 
 from __future__ import annotations
 
+import logging
 import socket
 from collections.abc import Callable
 from typing import Any
 
-from tokenflow.comm.tcp import Address, TcpAllocator, TcpMesh
+from tokenflow.comm.tcp import Address, MeshSetupError, TcpAllocator, TcpMesh
 from tokenflow.coordinator import Reporter, attach
 from tokenflow.dataflow.input import JobStopped
 from tokenflow.worker import Worker
+
+log = logging.getLogger(__name__)
 
 
 def run_worker(
@@ -48,7 +51,15 @@ def run_worker(
     kwargs = {} if max_frame is None else {"max_frame": max_frame}
     mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
     try:
-        mesh.connect(addresses, members=roster)
+        try:
+            mesh.connect(addresses, members=roster)
+        except MeshSetupError as exc:
+            if not joining:
+                raise
+            # the job ended while this worker was starting to join it (its peers closed their
+            # listeners): nothing joined, nothing to report (the driver's join says so)
+            log.warning("worker %d did not join the job: %s", index, exc)
+            return None
         allocator = TcpAllocator(mesh)
         table = spec.table if joining and spec is not None else None  # the job's, not the roster's
         worker = Worker(allocator, table, roster=roster, joining=joining)

@@ -129,6 +129,8 @@ class JobHandle:
         """The job's workers now (``add_worker`` / ``remove_worker`` change it)."""
         self.hub = hub
         self._used: set[int] = set(range(workers))  # slots never reused (the mesh's peers)
+        self.scale_steps = 0
+        """Migration steps the last ``scale`` (or ``remove_worker``) planned."""
         self.migrating = True
         """The job has migrating (Megaphone) operators: ``scale`` moves their bins (False: it
         only adds and removes workers)."""
@@ -240,7 +242,7 @@ class JobHandle:
             raise ValueError(f"cannot remove worker {worker} from {self.roster}")
         rest = [w for w in self.roster if w != worker]
         if self.migrating:
-            self.rescale(rest, strategy, timeout)
+            self.scale_steps += self.rescale(rest, strategy, timeout)
         leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
         self.roster = rest
 
@@ -255,11 +257,12 @@ class JobHandle:
         """
         if not 1 <= n <= self.slots:
             raise ValueError(f"cannot scale to {n} workers: the job has {self.slots} slots")
+        self.scale_steps = 0
         if n > len(self.roster):
             while len(self.roster) < n:
                 self.add_worker(timeout)
             if self.migrating:
-                self.rescale(list(self.roster), strategy, timeout)
+                self.scale_steps += self.rescale(list(self.roster), strategy, timeout)
         while len(self.roster) > n:
             self.remove_worker(self.roster[-1], strategy, timeout)
         return list(self.roster)

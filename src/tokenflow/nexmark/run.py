@@ -148,7 +148,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               rescale_at: Sequence[tuple[int, int]] = (), strategy: str = "batched",
               measure: bool = False, bins: int | None = None, coordinator: Any = None,
               generator: GeneratorConfig | None = None,
-              on_rescale: Callable[[Any], None] | None = None) -> QueryResult:
+              on_rescale: Callable[[Any], None] | None = None,
+              max_workers: int | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -213,6 +214,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             (default: ``start`` makes one); a ``tokenflow.rescale.remote.ScaleCoordinator``
             also brings requests from ``tokenflow scale``.
         on_rescale: called with each ``RescaleEvent`` (from the driver's rescale thread).
+        max_workers: worker slots, more than ``workers``: the job starts ``workers`` worker
+            processes (or Spark tasks) and the rescales start and stop others, which join the
+            running job and leave it (``tokenflow.membership``) instead of changing the roster
+            among the ``workers`` it started with; the sources stay on the first ``workers``.
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -255,11 +260,15 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown migration strategy {strategy!r}; choose one of "
                              f"{', '.join(STRATEGIES)}")
+        slots = max_workers or workers
+        if slots < workers or (max_workers is not None and (roster is not None or rescale_at)):
+            raise ValueError("max_workers must be >= workers, without roster or rescale_at")
         for n in [roster or workers, *(n for _, n in rescale_schedule), *(n for _, n in rescale_at)]:
-            if not 1 <= n <= workers:
-                raise ValueError(f"a roster of {n} workers: the job has {workers} worker processes")
+            if not 1 <= n <= slots:
+                raise ValueError(f"a roster of {n} workers: the job has {slots} worker "
+                                 f"{'slots' if max_workers else 'processes'}")
         initial = RoutingTable(RoutingTable.even(roster or workers, bins or DEFAULT_BINS).owners,
-                               range(workers))
+                               range(slots))
     config = generator if generator is not None else GeneratorConfig(rate=rate)
     source = None
     if input is not None:
@@ -337,7 +346,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             while done_passing < done_sending and not probe.less_equal(epoch_list[done_passing]):
                 passed[epoch_list[done_passing]] = now
                 done_passing += 1
-            if probe.done() or worker.stopped:  # done, or stopped at a checkpoint
+            if probe.done() or worker.stopped or worker.left:  # done, stopped, or it left
                 break
             # at most ``lag`` of this worker's epochs in flight: sent but not passed
             ahead = done_passing + lag
@@ -378,6 +387,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     checkpoints: list[Any] = []
     failures = 0
     rescales: list[Any] = []
+    if max_workers is not None and max_workers > workers:
+        options["slots"] = max_workers
     if checkpoint is None and (rescale_schedule or coordinator is not None):
         from tokenflow.job import start
         from tokenflow.rescale.remote import ScaleDriver
@@ -401,12 +412,15 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         results = runner.run()
         checkpoints, failures = runner.stats, runner.failures
 
+    joined = [r for r in results[workers:] if r is not None]  # workers that joined later
+    results = results[:workers]  # the workers with the sources: their epochs' times count
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
     epoch_times = [t for t, _, _ in plan]
     latencies = [
         1000.0 * (max(r["passed"][t] for r in results) - max(r["sent"][t] for r in results))
         for t in epoch_times
     ]
+    results = results + joined
     outputs = [r["table"] for r in results if r["table"] is not None]
     rows = _frame(outputs, columns)
     p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies else (np.nan, np.nan)

@@ -145,7 +145,10 @@ class ScaleDriver:
     from a daemon thread until the job ends or ``stop``.  ``on_event(event)`` is called after
     each rescale (from that thread).
 
-    Requests for more workers than the job's processes are answered ``scale_failed``.
+    Requests for more workers than the job's processes are answered ``scale_failed``.  A job
+    started with free worker slots (``start(..., slots=M)``) grows and shrinks by worker
+    processes joining and leaving (``JobHandle.scale``); otherwise the roster changes among the
+    processes it started with (``JobHandle.rescale``).
     """
 
     def __init__(self, handle: Any, schedule: Sequence[tuple[float, int]] = (),
@@ -173,7 +176,11 @@ class ScaleDriver:
     def _rescale(self, workers: int, strategy: str, source: str) -> RescaleEvent:
         at = time.monotonic() - self._began
         try:
-            steps = int(self.handle.rescale(workers, strategy))
+            if getattr(self.handle, "slots", 0) > getattr(self.handle, "workers", 0):
+                self.handle.scale(workers, strategy)  # worker processes join or leave
+                steps = int(self.handle.scale_steps)
+            else:
+                steps = int(self.handle.rescale(workers, strategy))
             event = RescaleEvent(at, workers, strategy, steps, source)
         except Exception as exc:  # noqa: BLE001 - reported; the job goes on
             event = RescaleEvent(at, workers, strategy, 0, source, f"{type(exc).__name__}: {exc}")
