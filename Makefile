@@ -26,7 +26,7 @@ bench: $(STAMP)
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 evaluation: $(STAMP)
-	for s in granularity overhead scaling chains nexmark; do $(BIN)/python -m benchmarks.evaluation.$$s || exit 1; done
+	for s in granularity overhead scaling chains tracker nexmark; do $(BIN)/python -m benchmarks.evaluation.$$s || exit 1; done
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
