@@ -93,8 +93,8 @@ def report(data: dict[str, Any]) -> str:
         f"least of {ROUNDS} rounds (see `benchmarks/evaluation/tracker.py`).  *not notifying*: "
         "the chain's operators do not `notify`, as Fig. 8's no-ops, so the tracker maintains no "
         "frontier for them; *notifying*: every operator notifies, so every port's frontier is "
-        "maintained (what every chain cost before the tracker kept frontiers only where they "
-        "are watched).", "",
+        "maintained (the work the tracker did for every chain before it kept frontiers only "
+        "where they are watched).", "",
         table(["idle operators", "not notifying µs", "notifying µs"], body), "",
         "![µs per frontier change vs chain length](evaluation_tracker.png)", ""])
 
