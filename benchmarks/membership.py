@@ -240,8 +240,9 @@ def report(a: dict[str, Any], overhead: list[tuple[float, float]], cfg: dict[str
               f"{ms(max(a['steady']))} |",
               f"| during scale calls | {len(a['scaling'])} | {ms(pct(a['scaling'], 50))} | "
               f"{ms(pct(a['scaling'], 99))} | {ms(max(a['scaling']))} |", "",
-              "**Roster overhead** (the same job unpaced, no scaling; words/s with 2 slots and with "
-              f"{SLOTS} slots, alternating rounds): "
+              "**Roster overhead** (the same job unpaced, no scaling, "
+              f"{cfg.get('overhead_epochs', 0):,} epochs a run; words/s with 2 slots and with "
+              f"{SLOTS} slots, in rounds alternating the order): "
               + "; ".join(f"{two / 1e3:.0f}K vs {four / 1e3:.0f}K" for two, four in overhead)
               + f".  Ratio {SLOTS} slots / 2 slots: median {float(np.median(ratios)):.3f} "
               f"(target ≥ 0.95: {'met' if float(np.median(ratios)) >= 0.95 else '**missed**'})."]
@@ -254,22 +255,28 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=2_000)
     parser.add_argument("--rate", type=int, default=50)
     parser.add_argument("--gap", type=float, default=4.0)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=6, help="overhead rounds (each: 2 runs)")
+    parser.add_argument("--overhead-epochs", type=int, default=1000)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     gap = 2.0 if args.quick else args.gap
-    rounds = 1 if args.quick else args.rounds
+    rounds = 2 if args.quick else args.rounds
     epochs = int((4 * gap + gap + 4) * args.rate)
-    cfg = {"words": args.words, "rate": args.rate, "epochs": epochs, "gap": gap}
+    cfg = {"words": args.words, "rate": args.rate, "epochs": epochs, "gap": gap,
+           "overhead_epochs": args.overhead_epochs}
     load0, began = os.getloadavg()[0], time.time()
     print("scaled run", flush=True)
     analysed = analyse(scaled_run(cfg, gap))
     overhead = []
     for i in range(rounds):
         print(f"overhead round {i + 1}", flush=True)
-        tp_cfg = {**cfg, "epochs": 300}
-        two = throughput_run(tp_cfg, 2)
-        four = throughput_run(tp_cfg, SLOTS)
+        tp_cfg = {**cfg, "epochs": args.overhead_epochs}
+        if i % 2:  # alternate the order, so that a drift of the machine falls on both
+            four = throughput_run(tp_cfg, SLOTS)
+            two = throughput_run(tp_cfg, 2)
+        else:
+            two = throughput_run(tp_cfg, 2)
+            four = throughput_run(tp_cfg, SLOTS)
         overhead.append((two, four))
     extra = {"when": datetime.datetime.now(datetime.UTC), "load": (load0, os.getloadavg()[0]),
              "seconds": time.time() - began, "provenance": provenance(),
