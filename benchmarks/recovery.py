@@ -721,6 +721,13 @@ class IncrementalResult:
     full_bytes: int = 0
     incremental_bytes: int = 0
     incremental_reused: int = 0
+    tracked_capture_s: list[float] = field(default_factory=list)
+    """The capture of the changed bins only (``ChangeLog.capture``: the states' marks)."""
+    tracked_s: list[float] = field(default_factory=list)
+    tracked_bytes: int = 0
+    tracked_reused: int = 0
+    tracked_bins: int = 0
+    """Bins the tracked capture exported (both workers)."""
 
 
 def split_state(keys: int) -> tuple[list[Any], np.ndarray]:
@@ -758,6 +765,7 @@ def measure_incremental(keys: int, changed: float, rounds: int, work: Path,
     import pickle
 
     from tokenflow.state.bins import RoutingTable
+    from tokenflow.state.changes import ChangeLog
     from tokenflow.state.snapshot import Snapshot, commit_snapshot, write_worker_part
 
     routing = RoutingTable.even(WORKERS, BINS)
@@ -768,44 +776,66 @@ def measure_incremental(keys: int, changed: float, rounds: int, work: Path,
     exports: list[dict[int, pa.Table]] = []
     for r in range(rounds):
         root = work / f"incremental-{r}"
-        start = time.perf_counter()
-        exports = [s.export() for s in states]
+        logs = [ChangeLog() for _ in states]
+        start = time.perf_counter()  # the first capture: every bin (the states index their keys)
+        captures = [log.capture({"kv": s}, 1, None, None) for log, s in zip(logs, states, strict=True)]
         result.export_s.append(time.perf_counter() - start)
+        exports = [c.tables["kv"] for c in captures]
         parts = [write_worker_part(root, job=JOB, epoch=1, worker=w, bins=BINS, states={"kv": e})
                  for w, e in enumerate(exports)]
         commit_snapshot(root, job=JOB, epoch=1, bins=BINS, routing=routing, parts=parts)
         result.full_bytes = sum(p.bytes_written for p in parts)
         chosen = rng.choice(BINS, n_changed, replace=False)
         change_bins(states, bins, chosen, 1_000 + r)
-        start = time.perf_counter()
+        start = time.perf_counter()  # tracked: only the bins the states marked changed
+        tracked = [log.capture({"kv": s}, 4, 1, p.entries)
+                   for log, s, p in zip(logs, states, parts, strict=True)]
+        result.tracked_capture_s.append(time.perf_counter() - start)
+        result.tracked_bins = sum(c.exported for c in tracked)
+        start = time.perf_counter()  # untracked: every bin, the writer finds the changed ones
         changed_exports = [s.export() for s in states]
         result.reexport_s.append(time.perf_counter() - start)
-        for variant in (["incremental", "full"] if r % 2 == 0 else ["full", "incremental"]):
-            epoch = 2 if variant == "incremental" else 3
+        variants = ["tracked", "incremental", "full"]
+        for variant in (variants if r % 2 == 0 else list(reversed(variants))):
+            epoch = {"incremental": 2, "full": 3, "tracked": 4}[variant]
             start = time.perf_counter()
-            new = [write_worker_part(root, job=JOB, epoch=epoch, worker=w, bins=BINS,
-                                     states={"kv": e},
-                                     previous=parts[w].entries if variant == "incremental" else None)
-                   for w, e in enumerate(changed_exports)]
+            if variant == "tracked":
+                new = [write_worker_part(root, job=JOB, epoch=epoch, worker=w, bins=BINS,
+                                         states=c.tables, previous=parts[w].entries,
+                                         changed=c.changed)
+                       for w, c in enumerate(tracked)]
+            else:
+                new = [write_worker_part(root, job=JOB, epoch=epoch, worker=w, bins=BINS,
+                                         states={"kv": e},
+                                         previous=parts[w].entries if variant == "incremental"
+                                         else None)
+                       for w, e in enumerate(changed_exports)]
             commit_snapshot(root, job=JOB, epoch=epoch, bins=BINS, routing=routing, parts=new)
             seconds = time.perf_counter() - start
             if variant == "incremental":
                 result.incremental_s.append(seconds)
                 result.incremental_bytes = sum(p.bytes_written for p in new)
                 result.incremental_reused = sum(p.bytes_reused for p in new)
+            elif variant == "tracked":
+                result.tracked_s.append(seconds)
+                result.tracked_bytes = sum(p.bytes_written for p in new)
+                result.tracked_reused = sum(p.bytes_reused for p in new)
             else:
                 result.full_s.append(seconds)
-        if r == 0:  # the incremental checkpoint reads back as the changed state
-            snap = Snapshot.open(root, 2, job=JOB, bins=BINS)
-            snap.verify()
-            tables = snap.read("kv", range(BINS))
+        if r == 0:  # the incremental checkpoints read back as the changed state
             expected = {b: t for e in changed_exports for b, t in e.items()}
-            assert tables.keys() == expected.keys()
-            assert all(tables[b].equals(expected[b]) for b in chosen.tolist() if b in expected)
+            for epoch in (2, 4):
+                snap = Snapshot.open(root, epoch, job=JOB, bins=BINS)
+                snap.verify()
+                tables = snap.read("kv", range(BINS))
+                assert tables.keys() == expected.keys()
+                assert all(tables[b].equals(expected[b]) for b in chosen.tolist() if b in expected)
             result.blob_bytes = sum(snap.stored_bytes("kv").values())
         shutil.rmtree(root)
         print(f"  incremental round {r + 1}: full {result.full_s[-1]:.2f} s, incremental "
-              f"{result.incremental_s[-1]:.2f} s", flush=True)
+              f"{result.incremental_s[-1]:.2f} s, tracked {result.tracked_s[-1]:.2f} s (capture "
+              f"{result.tracked_capture_s[-1]:.3f} s instead of {result.reexport_s[-1]:.2f} s)",
+              flush=True)
         exports = changed_exports
     return result, exports
 
@@ -1094,15 +1124,17 @@ def cost_section(rows: list[CostRow]) -> tuple[list[str], list[str]]:
                     f"({spread(deltas, 0)}) | {cpu} | {n_ck:.0f} | {targets[0]} | {targets[1]} |")
         lines += ["", "Per checkpoint (all checkpoint runs of the query; medians, max in brackets):",
                   "", "| query | checkpoints | failed | paused ms | hold | pause at | drain | capture | "
-                  "write (async) | commit | total ms | MB written | KB reused | paused share of "
-                  "job time |", "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "write (async) | commit | total ms | sources stalled ms | MB written | KB reused | "
+                  "stalled share of job time |",
+                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for r in rs:
             stats = r.stats()
             if r.error is not None or not stats:
                 continue
             ph = phase_durations(stats)
-            share = median(sum(s["paused"] for s in x.checkpoints) / x.seconds
+            share = median(sum(s.get("stalled", s["paused"]) for s in x.checkpoints) / x.seconds
                            for x in r.runs["checkpoint"])
+            stalled = [s.get("stalled", s["paused"]) for s in stats]
             lines.append(
                 f"| {r.query} | {len(stats)} | {sum(len(x.failed) for x in r.runs['checkpoint'])} | "
                 f"{ms(median(s['paused'] for s in stats))} "
@@ -1110,6 +1142,7 @@ def cost_section(rows: list[CostRow]) -> tuple[list[str], list[str]]:
                 + " | ".join(ms(median(ph[n])) if ph[n] else "" for n in
                              ("hold", "pause", "drain", "capture", "write", "commit"))
                 + f" | {ms(median(s['total'] for s in stats))} | "
+                f"{ms(median(stalled))} ({ms(max(stalled))}) | "
                 f"{median(s['bytes_written'] for s in stats) / MB:.2f} | "
                 f"{median(s['bytes_reused'] for s in stats) / 1e3:.1f} | {share:.1%} |")
         lines.append("")
@@ -1128,8 +1161,8 @@ def recovery_section(runs: list[RecoveryRun], params: dict[str, Any], reference_
         f"without checkpoints ({reference_s:.0f} s).", ""]
     lines += ["| runtime | runs | kills | recovered | output identical | recovered in s: p50 | p95 | "
               "max | target (p95 <= 3 s) | state stored (a full checkpoint) MB | checkpoint paused "
-              "ms (median / max) | MB written per checkpoint (median) | checkpoints committed / "
-              "failed |",
+              "ms / sources stalled ms (median / max) | MB written per checkpoint (median) | "
+              "checkpoints committed / failed |",
               "|---|---:|---:|---:|---|---:|---:|---:|---|---:|---|---:|---|"]
     for runtime in ("process", "spark"):
         rs = [r for r in runs if r.runtime == runtime]
@@ -1138,7 +1171,7 @@ def recovery_section(runs: list[RecoveryRun], params: dict[str, Any], reference_
         kills = [k for r in rs for k in r.kills]
         times = [k.recovered_in for k in kills if k.recovered_in is not None]
         stats = [s for r in rs for s in r.stats if s["epoch"] > 0]  # after the input began
-        first = [max(s["bytes_written"] for s in r.stats) for r in rs if r.stats]
+        first = [max(s["bytes_written"] + s["bytes_reused"] for s in r.stats) for r in rs if r.stats]
         identical = sum(r.identical for r in rs)
         if times:
             p95 = pct(times, 95)
@@ -1152,8 +1185,9 @@ def recovery_section(runs: list[RecoveryRun], params: dict[str, Any], reference_
         if identical < len(rs):
             misses.append(f"{runtime}: {len(rs) - identical} run(s) with output different from "
                           "the failure-free run")
-        paused = f"{ms(median(s['paused'] for s in stats))} / {ms(max(s['paused'] for s in stats))}" \
-            if stats else "—"
+        stalled = [s.get("stalled", s["paused"]) for s in stats]
+        paused = (f"{ms(median(s['paused'] for s in stats))} / {ms(max(s['paused'] for s in stats))}"
+                  f"; {ms(median(stalled))} / {ms(max(stalled))}") if stats else "—"
         written = f"{median(s['bytes_written'] for s in stats[1:] or stats) / MB:.1f}" if stats else "—"
         lines.append(f"| {runtime} | {len(rs)} | {len(kills)} | {len(times)} | {identical} of {len(rs)} "
                      f"| {cells} | {median(first) / MB if first else 0:.0f} | {paused} | {written} | "
@@ -1244,8 +1278,9 @@ def recovery_commentary(runs: list[RecoveryRun], spark_launch: list[float] | Non
             f"state; *replay* ({med['replay']:.2f} s) recomputes the epochs since the checkpoint "
             "from the backlog, discarding their output, and commits the next one.  Each "
             f"checkpoint of this state paused the job for {ms(median(s['paused'] for s in stats))} "
-            f"ms (median), {share:.0%} of it in *capture* (`KeyedState.export` pickles every bin "
-            "at every checkpoint, changed or not).")
+            f"ms (median), {share:.0%} of it in *capture* (the changed bins only: "
+            f"{median(s.get('bins_exported', 0) for s in stats):.0f} bins exported per "
+            "checkpoint, median).")
         out.append("")
     return out
 
@@ -1338,7 +1373,7 @@ def summary_lines(cost: list[CostRow], cost_misses: list[str], runs: list[Recove
         ok = bool(times) and pct(times, 95) <= RECOVERY_TARGET_S and len(times) == kills
         fig = (f"p50 {pct(times, 50):.2f} s, p95 {pct(times, 95):.2f} s, max {max(times):.2f} s over "
                f"{len(times)} of {kills} kills") if times else "no kill recovered"
-        stored = [max(s["bytes_written"] for s in r.stats) for r in rs if r.stats]
+        stored = [max(s["bytes_written"] + s["bytes_reused"] for s in r.stats) for r in rs if r.stats]
         size = f"{median(stored) / MB:.0f} MB" if stored else "?"
         out += [f"2. **Recovery on {runtime}** ({size} of state in the checkpoint): {fig}; target p95 <= "
                 f"{RECOVERY_TARGET_S:g} s: {verdict(ok)}; output identical to the failure-free run "
@@ -1347,9 +1382,12 @@ def summary_lines(cost: list[CostRow], cost_misses: list[str], runs: list[Recove
         out += [f"4. **Incremental checkpoint** with {incremental.changed_bins / BINS:.0%} of the bins "
                 f"changed: {incremental.incremental_bytes / MB:.1f} MB written instead of "
                 f"{incremental.full_bytes / MB:.1f} MB, {median(incremental.incremental_s):.2f} s "
-                f"instead of {median(incremental.full_s):.2f} s; the capture "
-                f"(`KeyedState.export`, every bin pickled again) takes "
-                f"{median(incremental.reexport_s):.2f} s either way.", ""]
+                f"instead of {median(incremental.full_s):.2f} s"
+                + (f" (tracked bins: {incremental.tracked_bytes / MB:.1f} MB in "
+                   f"{median(incremental.tracked_s):.2f} s)" if incremental.tracked_s else "")
+                + f"; the capture takes {median(incremental.reexport_s):.2f} s exporting every bin"
+                + (f", {median(incremental.tracked_capture_s):.3f} s exporting only the bins the "
+                   "state marked changed" if incremental.tracked_capture_s else "") + ".", ""]
     if stores:
         best_w = min(stores, key=lambda s: median(s.write_s))
         best_r = min(stores, key=lambda s: median(s.subset_s))
@@ -1370,7 +1408,9 @@ def cost_commentary(cost: list[CostRow]) -> list[str]:
         per = r.epochs / max(1.0, median(len(x.checkpoints) for x in r.runs["checkpoint"]))
         text = (f"{r.query}{'' if r.runtime == 'process' else ' on Spark'}: paused "
                 f"{ms(median(s['paused'] for s in r.stats()))} ms per checkpoint, mostly in "
-                f"*{main}*, one checkpoint per {per:.0f} epochs")
+                f"*{main}*, sources stalled "
+                f"{ms(median(s.get('stalled', s['paused']) for s in r.stats()))} ms, one "
+                f"checkpoint per {per:.0f} epochs")
         if r.runtime == "process":
             cpu = median(a.cpu_s / b.cpu_s for a, b in zip(r.runs["checkpoint"], r.runs["none"],
                                                              strict=False) if a.cpu_s and b.cpu_s)
@@ -1380,24 +1420,27 @@ def cost_commentary(cost: list[CostRow]) -> list[str]:
         parts.append(text)
     rounds = [v for r in measured for v in r.paired("checkpoint", "events_per_second")]
     failed = sum(len(x.failed) for r in measured for x in r.runs["checkpoint"])
-    return ["**Reading the tables.**  A checkpoint holds the sources at a common epoch (*hold*: "
-            "each worker names its safe point; *pause at*: sources finish the epochs before it), "
-            "waits for quiescence (*drain*: the records in flight are processed) and captures the "
-            "state (*capture*: `export_states` on every worker); the job resumes after *capture*, "
-            "while the parts are written (*write*, asynchronous, on a thread of each worker) and "
-            "the driver commits the manifest (*commit*).  The pause delays every epoch in flight, "
-            "so a checkpoint adds up to its pause to the latency of the epochs it overlaps; with "
-            "one checkpoint every few dozen epochs the p99 of the epoch latencies is such an "
-            f"epoch, hence the p99 misses (the +{P99_TARGET_MS:g} ms target is below one pause).  "
-            "The pause is not all lost work: during *drain* the workers finish the epochs in "
-            "flight; what is lost is the pipeline emptying and refilling.  "
+    return ["**Reading the tables.**  A checkpoint brings the sources to a common epoch (*hold*: "
+            "each worker names its safe point plus a margin of one epoch and its sources go on "
+            "up to it; *pause at*: sources finish the epochs before the common one and stop), "
+            "waits for quiescence (*drain*: the records in flight are processed; every worker "
+            "then waits for the verdict without stepping) and captures the state (*capture*: "
+            "the bins each state changed since the last committed checkpoint, or every bin of a "
+            "state that does not track its changes); each worker resumes its sources as soon as "
+            "it has captured, while the parts are written (*write*, asynchronous, on a thread of "
+            "each worker) and the driver commits the manifest (*commit*).  *paused* runs from "
+            "*hold* to the last capture; *sources stalled* is what a worker measured: from the "
+            "step after which all its sources stood still until they resumed (the longest of "
+            "the workers).  The epochs in flight when the workers wait for the verdict finish "
+            "no earlier than the capture, so a checkpoint adds up to its stall to their "
+            "latency; the p99 of about a thousand epochs with about ten checkpoints is such an "
+            "epoch as soon as each checkpoint delays more than one.  "
             + "; ".join(parts) + ".  "
             f"Single rounds' throughput ratios spread over {spread(rounds)} on this shared "
             "machine, so a median of this many rounds can land on either side of the 5 % target "
             "from one run to the next; the workers' CPU seconds, less disturbed by other jobs, "
             "show what checkpoints add to the work."
-            + (f"  {failed} checkpoint(s) failed during these runs (\"expected 'captured' "
-               "replies\": see section 2)." if failed else ""), ""]
+            + (f"  {failed} checkpoint(s) failed during these runs." if failed else ""), ""]
 
 
 def issues_lines(cost: list[CostRow], runs: list[RecoveryRun]) -> list[str]:
@@ -1430,68 +1473,88 @@ def issues_lines(cost: list[CostRow], runs: list[RecoveryRun]) -> list[str]:
     for r in runs:
         for why, n in r.full_after.items():
             full[why] = full.get(why, 0) + n
-    if full.get("restart", 0) + full.get("failed", 0) + full.get("other", 0):
+    if full.get("restart", 0) + full.get("failed", 0):
         out.append(f"* **Incremental checkpoints start over**: of the recovery job's checkpoints, "
-                   f"{sum(full.values())} wrote the whole state: {full.get('load', 0)} first "
-                   f"checkpoints after the initial load (expected), {full.get('restart', 0)} "
+                   f"{sum(full.values())} wrote more than half the state: {full.get('load', 0)} "
+                   f"first checkpoints after the initial load (expected), {full.get('restart', 0)} "
                    f"first checkpoints after a restart, {full.get('failed', 0)} checkpoints right "
-                   f"after a failed one, {full.get('other', 0)} others.  A worker's "
-                   "`ControlAgent` keeps only the blob entries of the last part it *wrote* "
-                   "(`self._parts = {epoch: part.entries}` in `_capture`'s writer), so after a "
-                   "failed round its base is an uncommitted epoch and the next checkpoint "
-                   "(`previous` = the last committed one) finds no base; a restarted worker "
-                   "starts with none, though the restored snapshot holds them.  And every "
-                   "checkpoint's *capture* re-pickles every bin (`KeyedState.export`), changed "
-                   "or not, which is most of each pause with a large state (section 2).")
+                   f"after a failed one, {full.get('other', 0)} others.")
     elif full:
         out.append(f"* **Incremental checkpoints**: of the recovery job's {taken_rec} committed "
-                   f"checkpoints, {sum(full.values())} wrote the whole state (the first after the "
-                   "initial load, one per run); the first checkpoint after each restart built on "
-                   "the restored one and wrote only the bins changed since.")
+                   f"checkpoints, {sum(full.values())} wrote more than half the state: "
+                   f"{full.get('load', 0)} first checkpoints after the initial load (one per run)"
+                   + (f" and {full.get('other', 0)} right after one of those: when the first "
+                      "checkpoint comes while a worker still holds the initial records pending "
+                      "(`PendingRecords`: its fold applies them once the frontier passes epoch "
+                      "0), the next one writes that worker's keyed state, now filled"
+                      if full.get("other", 0) else "")
+                   + "; the first checkpoint after each restart built on the restored one and "
+                   "wrote only the bins changed since.")
     stats = [s for r in runs for s in r.stats if s["epoch"] > 0 and "captured" in s["phases"]
              and "idle" in s["phases"] and s["paused"] > 0]
     if stats:
         capture = median((s["phases"]["captured"] - s["phases"]["idle"]) / s["paused"] for s in stats)
-        size = median(max(s["bytes_written"] for s in r.stats) for r in runs if r.stats) / MB
-        out.append(f"* **The capture is not incremental**: with {size:.0f} MB of `KeyedState`, "
-                   f"{capture:.0%} of each checkpoint's pause ({ms(median(s['paused'] for s in stats))} "
-                   "ms median) is *capture*: `KeyedState.export` re-pickles every bin at every "
-                   "checkpoint, changed or not, although only a few % of the bins changed (the "
-                   "write that follows is incremental).  Tracking the bins an operator changed "
-                   "would shorten the pause in proportion.")
+        size = median(max(s["bytes_written"] + s["bytes_reused"] for s in r.stats)
+                      for r in runs if r.stats) / MB
+        exported = [s.get("bins_exported", 0) for s in stats]
+        out.append(f"* **The capture**: with {size:.0f} MB of `KeyedState`, *capture* is "
+                   f"{capture:.0%} of each checkpoint's pause "
+                   f"({ms(median(s['paused'] for s in stats))} ms median); a capture exported "
+                   f"{median(exported):.0f} bins (median, both workers; max {max(exported)}) of "
+                   f"the {BINS:,} holding keys: the bins the state marked changed since the last "
+                   "committed checkpoint (`KeyedState` tracks them; `tokenflow.state.changes`).")
     if out:
         out = ["Also seen (details in the sections):", "", *out, ""]
     return out
 
 
 def incremental_lines(inc: IncrementalResult, job_capture: float | None) -> list[str]:
-    return [
+    tracked = bool(inc.tracked_s)
+    rows = [
+        f"| first (full) | {inc.full_bytes / MB:.1f} | 0 | — | {median(inc.export_s):.2f} | — |",
+        f"| second, full | {inc.full_bytes / MB:.1f} | 0 | {median(inc.full_s):.2f} | "
+        f"{median(inc.reexport_s):.2f} | {inc.blob_bytes / MB / median(inc.full_s):.0f} |",
+        f"| second, incremental by checksum (every bin captured) | {inc.incremental_bytes / MB:.2f} | "
+        f"{inc.incremental_reused / MB:.1f} | {median(inc.incremental_s):.2f} | "
+        f"{median(inc.reexport_s):.2f} | {inc.blob_bytes / MB / median(inc.incremental_s):.0f} |"]
+    if tracked:
+        rows.append(
+            f"| second, incremental by tracked bins (changed bins captured) | "
+            f"{inc.tracked_bytes / MB:.2f} | {inc.tracked_reused / MB:.1f} | "
+            f"{median(inc.tracked_s):.2f} | {median(inc.tracked_capture_s):.3f} | "
+            f"{inc.blob_bytes / MB / median(inc.tracked_s):.0f} |")
+    text = [
         "## 4. Incremental vs full checkpoint (same state)", "",
         f"The recovery job's state: {inc.keys:,} keys, {inc.live_bytes / MB:.0f} MB pickled, "
         f"{inc.blob_bytes / MB:.0f} MB of blobs in {inc.bins_used:,} bins over 2 workers.  After a "
         f"full checkpoint, every key of {inc.changed_bins} bins ({inc.changed_bins / BINS:.1%}) was "
-        f"changed and a second checkpoint written with `previous=` (incremental) and without "
-        f"(full), alternating which went first; {len(inc.full_s)} rounds, medians.  Write = "
-        "`write_worker_part` for both workers + `commit_snapshot` (files fsynced).", "",
-        "| checkpoint | MB written | MB referenced (reused) | write s | capture s (`export`, both "
-        "workers) | write MB/s of state |", "|---|---:|---:|---:|---:|---:|",
-        f"| first (full) | {inc.full_bytes / MB:.1f} | 0 | — | {median(inc.export_s):.2f} | — |",
-        f"| second, full | {inc.full_bytes / MB:.1f} | 0 | {median(inc.full_s):.2f} | "
-        f"{median(inc.reexport_s):.2f} | {inc.blob_bytes / MB / median(inc.full_s):.0f} |",
-        f"| second, incremental | {inc.incremental_bytes / MB:.2f} | "
-        f"{inc.incremental_reused / MB:.1f} | {median(inc.incremental_s):.2f} | "
-        f"{median(inc.reexport_s):.2f} | {inc.blob_bytes / MB / median(inc.incremental_s):.0f} |",
-        "",
-        f"Incremental writes {inc.incremental_bytes / inc.full_bytes:.1%} of the bytes and takes "
-        f"{median(inc.incremental_s) / median(inc.full_s):.0%} of the full write's time: it "
-        "still serializes every bin to IPC and checksums it to find the unchanged ones, and "
-        "rewrites the index (one entry per bin).  The capture before it, which is what pauses "
-        "the job, is not incremental: `KeyedState.export` re-pickles every bin at every "
-        f"checkpoint ({median(inc.reexport_s):.2f} s here for both workers one after the other"
-        + (f"; in the job of section 2 each worker captures its half in parallel with the other: "
-           f"{job_capture:.2f} s per checkpoint, median" if job_capture is not None else "")
-        + ").", "",
-    ]
+        f"changed and a second checkpoint written in full, incrementally with every bin captured "
+        f"(`export()`; `previous=`: the writer finds the unchanged bins by crc32)"
+        + (" and incrementally with only the changed bins captured (`ChangeLog.capture`: the "
+           "bins `KeyedState` marked changed; `changed=`: the other bins are referenced unread)"
+           if tracked else "")
+        + f", alternating the order; {len(inc.full_s)} rounds, medians.  Write = "
+        "`write_worker_part` for both workers + `commit_snapshot` (files fsynced); capture = "
+        "the export that precedes it (what pauses the job).", "",
+        "| checkpoint | MB written | MB referenced (reused) | write s | capture s (both "
+        "workers) | write MB/s of state |", "|---|---:|---:|---:|---:|---:|", *rows, "",
+        f"Incremental by checksum writes {inc.incremental_bytes / inc.full_bytes:.1%} of the bytes "
+        f"and takes {median(inc.incremental_s) / median(inc.full_s):.0%} of the full write's time: "
+        "it still serializes every bin to IPC and checksums it to find the unchanged ones, after "
+        f"a capture that pickles every bin ({median(inc.reexport_s):.2f} s here for both workers "
+        "one after the other)."]
+    if tracked:
+        text[-1] += (
+            f"  With tracked bins the capture exports {inc.tracked_bins} bins "
+            f"({inc.tracked_bins / max(1, inc.bins_used):.1%} of those holding keys) in "
+            f"{median(inc.tracked_capture_s) * 1000:.0f} ms, "
+            f"{median(inc.reexport_s) / max(1e-9, median(inc.tracked_capture_s)):.0f}x less than "
+            f"capturing every bin, and the write takes {median(inc.tracked_s):.2f} s "
+            f"({median(inc.tracked_s) / median(inc.full_s):.0%} of the full write)")
+        text[-1] += (f"; in the job of section 2 each worker captures in parallel with the other: "
+                     f"{job_capture * 1000:.0f} ms per checkpoint, median." if job_capture is not None
+                     else ".")
+    return [*text, ""]
 
 
 def store_lines(stores: list[StoreRow], full_blobs: int, subset_blobs: int, rounds: int,
