@@ -55,7 +55,7 @@ tables give medians and a ratio is the median over the rounds of the per-round r
 
 3. The PNG: rows committed per 100 ms and each epoch's latency (commit seen by the poller
    minus the epoch's release time) around the last kill of each runtime's first run, with the
-   checkpoints (sources held from ``hold`` to ``captured``; commit); the second PNG stacks each
+   checkpoints (``hold`` to ``captured``; commit); the second PNG stacks each
    kill's breakdown.  For scale, the Spark part also times a trivial job's barrier stage on the
    warm session (``execute`` until both workers are in the job function).
 
@@ -1680,7 +1680,7 @@ def plot(runs: list[RecoveryRun], path: Path, breakdown_path: Path) -> None:
                                  label="checkpoint committed" if i == 0 else None)
                 for i, (a, b) in enumerate(p for p in r.pauses if lo <= p[0] <= hi):
                     axis.axvspan(a - kill.at, b - kill.at, color="tab:purple", alpha=0.25,
-                                 label="checkpoint: sources held (hold to captured)"
+                                 label="checkpoint: hold to captured (sources stand still only at its end)"
                                  if i == 0 else None)
                 axis.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="upper right")
