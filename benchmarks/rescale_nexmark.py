@@ -29,6 +29,13 @@ batched change runs); scale-in
 moves exactly the bins the leaving worker owned (the table before the change rebuilt from the
 moves worker 0 sent), only from it, and with all-at-once exactly its bytes.
 
+With ``--join`` the job starts 2 worker processes (Spark: tasks) in 4 slots and every change is
+a wall-clock one in which worker processes **join** the running query and **leave** it
+(``run_query(max_workers=4)``: ``JobHandle.scale``, ``tokenflow.membership``) instead of the
+roster changing among 4 started processes; the changes follow each other (a join waits for its
+process) from random seconds within the first half of a run without rescaling; results in
+``rescale_nexmark_join.md`` / ``.json``.
+
 Run: ``.venv/bin/python benchmarks/rescale_nexmark.py`` (``--schedules 50``, about 15 minutes
 on a 2-core machine) or ``--schedules 6`` for a quick look.
 """
@@ -96,7 +103,8 @@ def violations(result: Any, strategy: str) -> list[str]:
 
 
 def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
-                 durations: dict[tuple[str, str], float], epochs: int) -> dict[str, Any]:
+                 durations: dict[tuple[str, str], float], epochs: int,
+                 join: bool = False) -> dict[str, Any]:
     from tokenflow.nexmark.run import run_query
     from tokenflow.rescale import STRATEGIES
 
@@ -105,8 +113,14 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
     runtime = "spark" if i % 5 == 4 else "process"
     strategy = rng.choice(STRATEGIES)
     expected = references[query]
-    options: dict[str, Any] = {}
-    if i % 2 == 0:
+    options: dict[str, Any] = {"workers": WORKERS, "roster": 2}
+    if join:  # worker processes join and leave; only the driver's wall-clock changes
+        seconds = durations[(query, runtime)]
+        at = sorted(round(rng.uniform(0.0, 0.5) * seconds, 3) for _ in ROSTERS)
+        options = {"workers": 2, "max_workers": WORKERS,
+                   "rescale_schedule": list(zip(at, ROSTERS, strict=True))}
+        when = [f"{a:.2f} s" for a in at]
+    elif i % 2 == 0:
         points = sorted(rng.sample(range(int(epochs * 0.2), int(epochs * 0.8)), len(ROSTERS)))
         options["rescale_at"] = list(zip(points, ROSTERS, strict=True))
         when = [f"epoch {p}" for p in points]
@@ -116,9 +130,9 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
         options["rescale_schedule"] = list(zip(at, ROSTERS, strict=True))
         when = [f"{a:.2f} s" for a in at]
     began = time.perf_counter()
-    result = run_query(query, events, generator=generator(), workers=WORKERS, runtime=runtime,
+    result = run_query(query, events, generator=generator(), runtime=runtime,
                        master="local[4]" if runtime == "spark" else None,
-                       granularity_ms=GRANULARITY, roster=2, strategy=strategy, measure=True,
+                       granularity_ms=GRANULARITY, strategy=strategy, measure=True,
                        bins=FLUID_BINS if strategy == "fluid" else None, **options)
     elapsed = time.perf_counter() - began
     try:
@@ -131,7 +145,7 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
     return {
         "schedule": i, "query": query, "runtime": runtime, "strategy": strategy,
         "bins": FLUID_BINS if strategy == "fluid" else 4096,
-        "trigger": "epochs" if i % 2 == 0 else "seconds", "when": when,
+        "trigger": "epochs" if i % 2 == 0 and not join else "seconds", "when": when,
         "changes_made": made, "rows": len(result.rows), "same_output": same,
         "violations": violations(result, strategy), "seconds": round(elapsed, 2),
         "fractions": [round(c.share, 4) if c.total_bytes else None for c in result.migrations],
@@ -150,12 +164,14 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, header: dict[st
     complete = sum(r["changes_made"] == len(ROSTERS) for r in rows)
     made = sum(r["changes_made"] for r in rows)
     held = sum(f is not None for r in rows for f in r["fractions"])
+    join = getattr(args, "join", False)
     lines = [
-        "# NEXMark q4/q5/q8 with migrating state: 2 -> 3 -> 4 -> 3 -> 2 at random points",
+        "# NEXMark q4/q5/q8 with migrating state: 2 -> 3 -> 4 -> 3 -> 2 at random points"
+        + (", worker processes joining and leaving" if join else ""),
         "",
         f"Run {header['when']} on {header['machine']} (load average {header['load']}), "
-        f"`benchmarks/rescale_nexmark.py --schedules {args.schedules} --events {args.events}`. "
-        + header["provenance"],
+        f"`benchmarks/rescale_nexmark.py --schedules {args.schedules} --events {args.events}"
+        f"{' --join' if join else ''}`. " + header["provenance"],
         "",
         f"* **Output identical to the run without rescaling: {same} of {len(rows)} schedules.**",
         f"* Move bounds held (scale-out <= 1/(W+1) + 2 % of the state bytes, all to the "
@@ -202,13 +218,17 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true", help="Print only.")
     parser.add_argument("--report-only", action="store_true",
                         help="Rewrite the report from the saved JSON (no runs).")
+    parser.add_argument("--join", action="store_true",
+                        help="Worker processes join and leave the running query (2 started, "
+                             "4 slots); results in rescale_nexmark_join.*")
     args = parser.parse_args()
+    stem = "rescale_nexmark_join" if args.join else "rescale_nexmark"
     if args.report_only:
-        saved = json.loads((RESULTS / "rescale_nexmark.json").read_text())
+        saved = json.loads((RESULTS / f"{stem}.json").read_text())
         args.schedules, args.events = len(saved["schedules"]), saved["events"]
         text = report(saved["schedules"], args, saved["header"])
         print(text)
-        (RESULTS / "rescale_nexmark.md").write_text(text)
+        (RESULTS / f"{stem}.md").write_text(text)
         return
     warnings.simplefilter("ignore")
     from tokenflow.nexmark.run import epoch_plan, run_query
@@ -244,7 +264,7 @@ def main() -> None:
     results = []
     try:
         for i in range(args.schedules):
-            r = run_schedule(i, args.events, references, durations, epochs)
+            r = run_schedule(i, args.events, references, durations, epochs, args.join)
             results.append(r)
             print(f"schedule {i}: {r['query']} {r['runtime']} {r['strategy']} at {r['when']}: "
                   f"same output {r['same_output']}, {r['changes_made']} changes, "
@@ -259,8 +279,8 @@ def main() -> None:
     print(text)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "rescale_nexmark.md").write_text(text)
-        (RESULTS / "rescale_nexmark.json").write_text(
+        (RESULTS / f"{stem}.md").write_text(text)
+        (RESULTS / f"{stem}.json").write_text(
             json.dumps({"header": header, "events": args.events, "schedules": results}, indent=1))
 
 
