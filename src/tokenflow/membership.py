@@ -90,6 +90,9 @@ class MembershipAgent:
         kind = message["kind"]
         if kind == "admit":
             joiner = int(message["joiner"])
+            driving = [r for r in worker.rescalers if getattr(r, "driving", False)]
+            if driving:  # the routing steps sent so far, before any later one (same connection)
+                worker.send_membership(joiner, ("routing", [r.history() for r in worker.rescalers]))
             floors = worker.set_roster([*worker.roster, joiner])
             self.link.send({"kind": "admitted", "worker": worker.index, "joiner": joiner,
                             "floors": [[df, seq] for df, seq in floors.items()]})

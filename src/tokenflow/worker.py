@@ -110,6 +110,8 @@ class Worker:
         migrating operator still owns bins here), or None."""
         self._membership_pushers: list[Any] = []
         self._membership_puller: Any = None
+        self._bootstrap_state: tuple[Any, list[int]] | None = None
+        self._routing_adopted = False  # a joiner with migrating operators: worker 0's steps
         if self.elastic:
             self._membership_pushers, self._membership_puller = \
                 allocator.allocate(MEMBERSHIP_CHANNEL)
@@ -312,9 +314,17 @@ class Worker:
     def _receive_membership(self) -> None:
         while (message := self._membership_puller.pull()) is not None:
             if message[0] == "bootstrap":
-                self._bootstrap(message[1], message[2])
+                self._bootstrap_state = (message[1], message[2])
+            elif message[0] == "routing":
+                for controller, history in zip(self.rescalers, message[1], strict=True):
+                    controller.adopt(history)
+                self._routing_adopted = True
             else:
                 self.membership.append(message)
+        if self._bootstrap_state is not None and (self._routing_adopted or not self.rescalers):
+            states, roster = self._bootstrap_state
+            self._bootstrap_state = None
+            self._bootstrap(states, roster)
 
     def send_membership(self, worker: int, message: tuple[Any, ...]) -> None:
         """Send a membership message to ``worker`` (goes out at the next flush)."""

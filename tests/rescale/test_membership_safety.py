@@ -97,6 +97,13 @@ def build(worker: Worker) -> dict[str, Any]:
                               lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
         handles["mega"] = mega
         handles["running"] = mega.stream.capture()
+        # a second migrating fold fed by the first: on a joined worker its router routes the
+        # first fold's output, so it must know the steps sent before it joined
+        mega2 = megaphone_fold(mega.stream.map(lambda r: (r[1] % 5, 1)),
+                               lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
+                               name="Megaphone2")
+        handles["mega2"] = mega2
+        handles["chained"] = mega2.stream.capture()
 
         def per_epoch(cap: Any, info: Any) -> Any:
             cap.drop()
@@ -209,7 +216,8 @@ class Job:
         return act
 
     def rescale_to_roster(self) -> bool:
-        self.handles[0]["mega"].controller.rescale_roster(list(self.roster))
+        for name in ("mega", "mega2"):
+            self.handles[0][name].controller.rescale_roster(list(self.roster))
         return True
 
     def plan_leave(self) -> None:
@@ -219,7 +227,8 @@ class Job:
         rest = [w for w in self.roster if w != k]
 
         def move_away() -> bool:
-            self.handles[0]["mega"].controller.rescale_roster(rest)
+            for name in ("mega", "mega2"):
+                self.handles[0][name].controller.rescale_roster(rest)
             return True
 
         def ask() -> bool:
@@ -316,6 +325,22 @@ class Job:
                              f"{self.running()} still running")
 
 
+def oracle_chained(first: Counter[Any]) -> Counter[Any]:
+    """The second fold's running counts, per key ``count % 5`` of the first fold's outputs."""
+    counts: Counter[int] = Counter()
+    out: Counter[Any] = Counter()
+    for e in sorted({e for e, _ in first}):
+        seen: Counter[int] = Counter()
+        for (t, (_, c)), n in first.items():
+            if t == e:
+                seen[c % 5] += n
+        for key, n in seen.items():
+            for i in range(1, n + 1):
+                out[(e, (key, counts[key] + i))] += 1
+            counts[key] += n
+    return out
+
+
 def oracle_running(fed: list[int]) -> Counter[Any]:
     """The running counts of the epochs each feeder fed (``fed[w]`` epochs)."""
     counts: Counter[str] = Counter()
@@ -347,6 +372,11 @@ def test_random_joins_and_leaves_are_progress_safe(seed: int) -> None:
                 per_epoch[(w, t)] += 1
                 counted[t] += n
     assert running == oracle_running(job.epoch)
+    chained: Counter[Any] = Counter()
+    for i in job.ever:
+        for t, records in job.handles[i]["chained"].by_time().items():
+            chained.update((t, r) for r in records)
+    assert chained == oracle_chained(running)
     # a per-epoch count is emitted once per worker, when the frontier passed the epoch: it
     # is final; the words broadcast to between FEEDERS and SLOTS workers are all counted
     assert set(per_epoch.values()) == {1}

@@ -137,6 +137,7 @@ class Controller:
         self.table = table
         self.lead = lead
         self.issued: list[tuple[int, list[Move]]] = []
+        self._adopted: list[tuple[int, list[Move]]] = []
         self.changes: list[tuple[int, RoutingTable]] = []
         self._steps: collections.deque[tuple[list[Move], RoutingTable | None]] = \
             collections.deque()
@@ -157,6 +158,21 @@ class Controller:
         self.table = table
         self.activate()
         return len(steps)
+
+    def history(self) -> list[tuple[int, list[tuple[int, int, int]]]]:
+        """The steps sent so far as ``(time, [(bin, old, new), ...])`` (on worker 0): what a
+        worker joining the job needs to route as the others do (its routers never saw them)."""
+        return [(t, [(m.bin, m.old, m.new) for m in moves]) for t, moves in self.issued]
+
+    def adopt(self, history: list[Any]) -> None:
+        """On a joining worker: the steps worker 0 sent before it was admitted; the router
+        applies them before its first control record (Selvatici §3.5: the routing state a new
+        worker needs besides its progress state)."""
+        self._adopted = [(int(t), [Move(*m) for m in moves]) for t, moves in history]
+
+    def take_adopted(self) -> list[tuple[int, list[Move]]]:
+        adopted, self._adopted = self._adopted, []
+        return adopted
 
     def rescale_roster(self, roster: list[int], strategy: str = "batched") -> int:
         """Move to the table that spreads the bins evenly over ``roster`` moving the fewest
@@ -361,18 +377,23 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             if records:
                 outs[i].give_batch(token, records, time=time)
 
+        def apply(time: int, moves: list[Move]) -> None:
+            owners = _owners_at(versions, time).copy()
+            for m in moves:
+                owners[m.bin] = m.new
+            bisect.insort(versions, (time, owners), key=lambda v: v[0])
+            for later in range(len(versions)):  # a step applies to later versions too
+                t, later_owners = versions[later]
+                if t > time:
+                    for m in moves:
+                        later_owners[m.bin] = m.new
+
         def logic(frontiers: Any) -> None:
+            for time, moves in controller.take_adopted():  # a joined worker: steps before it
+                apply(time, moves)
             for ref, batch in control_in:
                 moves = [Move(*m) for m in batch]
-                owners = _owners_at(versions, ref.time).copy()
-                for m in moves:
-                    owners[m.bin] = m.new
-                bisect.insort(versions, (ref.time, owners), key=lambda v: v[0])
-                for later in range(len(versions)):  # a step applies to later versions too
-                    t, later_owners = versions[later]
-                    if t > ref.time:
-                        for m in moves:
-                            later_owners[m.bin] = m.new
+                apply(ref.time, moves)
                 mine = [m for m in moves if m.old == me]
                 if mine or measure:
                     sends.append((ref.time, [ref.retain_for_output(o) for o in range(len(outs))],

@@ -112,6 +112,9 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
         d = driving[0]
         starts = [int(t) for t, _ in d["changes"]]
         counts.add(len(starts))
+        if not starts:  # no change was made (e.g. the job ended before the first)
+            per_op[name] = []
+            continue
         ranges = list(zip(starts, [*starts[1:], None], strict=True))
         owners = initial.owners.copy()
         changes = []
