@@ -19,6 +19,9 @@ from tokenflow.worker import Worker
 
 log = logging.getLogger(__name__)
 
+JOIN_TIMEOUT = 10.0
+"""Seconds a worker joining a running job tries to reach the roster's workers."""
+
 
 def run_worker(
     fn: Callable[[Worker], Any],
@@ -52,7 +55,8 @@ def run_worker(
     mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
     try:
         try:
-            mesh.connect(addresses, members=roster)
+            # a joining worker that cannot reach the roster finds the job ended: give up sooner
+            mesh.connect(addresses, members=roster, timeout=JOIN_TIMEOUT if joining else 30.0)
         except MeshSetupError as exc:
             if not joining:
                 raise

@@ -43,7 +43,7 @@ def check(query: str, runtime: str, events: int = EVENTS, **options: Any) -> Non
 
 
 def test_q5_workers_join_and_leave_on_the_process_runtime() -> None:
-    check("q5", "process")
+    check("q5", "process", 3 * EVENTS)  # long enough for four changes on a loaded machine
 
 
 @pytest.mark.spark
