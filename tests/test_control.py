@@ -66,15 +66,15 @@ def test_snapshots_build_on_the_previous_one(tmp_path: Path, table) -> None:
 def test_a_written_reply_may_overtake_a_slower_workers_capture() -> None:
     """Worker 0 captures, writes and reports ``written`` before worker 1 reports ``captured``:
     the round goes on (a race the recovery benchmark hit in 21 of 394 checkpoints)."""
-    from tokenflow.control import QueueHub, _gather
+    from tokenflow.control import QueueHub, gather
 
     hub = QueueHub(2)
     for message in ({"kind": "captured", "worker": 0}, {"kind": "written", "worker": 0},
                     {"kind": "captured", "worker": 1}, {"kind": "written", "worker": 1}):
         hub.replies.put({**message, "round": 7})
     stash: list = []
-    assert sorted(_gather(hub, "captured", [0, 1], 5.0, None, 7, stash)) == [0, 1]
-    assert sorted(_gather(hub, "written", [0, 1], 5.0, None, 7, stash)) == [0, 1]
+    assert sorted(gather(hub, "captured", [0, 1], 5.0, None, 7, stash)) == [0, 1]
+    assert sorted(gather(hub, "written", [0, 1], 5.0, None, 7, stash)) == [0, 1]
     hub.replies.put({"kind": "idle", "worker": 0, "round": 7})
     with pytest.raises(ControlError, match="expected 'captured'"):
-        _gather(hub, "captured", [0], 5.0, None, 7, [])
+        gather(hub, "captured", [0], 5.0, None, 7, [])

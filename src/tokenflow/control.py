@@ -371,12 +371,13 @@ class ControlAgent:
         return None
 
 
-_LATER = {"captured": ("written", "write_failed")}
+_LATER = {"captured": ("written", "write_failed"), "dismissed": ("left",)}
 """Replies that may overtake the ones gathered: a worker that captured its state early may
-report its part written before a slower worker reports its capture."""
+report its part written before a slower worker reports its capture; a leaving worker may
+report it left (``tokenflow.membership``) before the last of the others reports it dismissed."""
 
 
-def _gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
+def gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
             alive: Callable[[], bool] | None = None, round_: Any = None,
             stash: list[dict[str, Any]] | None = None) -> dict[int, dict[str, Any]]:
     """One reply of ``kind`` from each of ``workers``; replies of another protocol round
@@ -488,11 +489,11 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
 
     stash: list[dict[str, Any]] = []
 
-    def gather(kind: str) -> dict[int, dict[str, Any]]:
-        return _gather(hub, kind, workers, timeout, alive, round_, stash)
+    def gather_round(kind: str) -> dict[int, dict[str, Any]]:
+        return gather(hub, kind, workers, timeout, alive, round_, stash)
 
     try:
-        return _snapshot_round(send_all, gather, root, job, routing, stop, on_epoch, previous, stats,
+        return _snapshot_round(send_all, gather_round, root, job, routing, stop, on_epoch, previous, stats,
                                margin)
     except (ControlError, SnapshotError):
         if alive is None or alive():

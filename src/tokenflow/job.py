@@ -206,12 +206,13 @@ class JobHandle:
         owns no bins until a ``rescale`` gives it some.
 
         Raises:
-            MembershipError: no free slot (``start(..., slots=M)``), the runtime cannot start
-                workers, or a worker did not answer within ``timeout`` s.
+            MembershipError: no free slot (``start(..., slots=M)``), or the runtime cannot
+                start workers.
+            ControlError: a worker did not answer within ``timeout`` s, or the job ended.
         """
         from tokenflow.membership import MembershipError, join
 
-        free = [k for k in range(self.slots) if k not in self.roster and k not in self._used]
+        free = [k for k in range(self.slots) if k not in self._used]
         if not free:
             raise MembershipError(f"no free worker slot: the job has {self.slots} slots and "
                                   f"workers {self.roster} (start it with slots=M)")
@@ -234,7 +235,7 @@ class JobHandle:
 
         Raises:
             ValueError: ``worker`` is not in the roster, or is the last one.
-            MembershipError: a worker did not answer within ``timeout`` s.
+            ControlError: a worker did not answer within ``timeout`` s, or the job ended.
         """
         from tokenflow.membership import leave
 
@@ -253,7 +254,7 @@ class JobHandle:
 
         Raises:
             ValueError: ``n`` < 1 or more than the job's slots.
-            MembershipError: see ``add_worker`` / ``remove_worker``.
+            MembershipError, ControlError: see ``add_worker`` / ``remove_worker``.
         """
         if not 1 <= n <= self.slots:
             raise ValueError(f"cannot scale to {n} workers: the job has {self.slots} slots")

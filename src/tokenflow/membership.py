@@ -149,8 +149,6 @@ class MembershipAgent:
                 self.served.append(time.perf_counter() - began)
                 self.state_bytes.append(len(pickle.dumps(states)))
                 self._bootstraps.remove(entry)
-                self.link.send({"kind": "bootstrapped", "worker": worker.index,
-                                "joiner": joiner})
 
     def _leave(self, worker: Any) -> None:
         for message in worker.membership:
@@ -176,27 +174,12 @@ class MembershipAgent:
 
 
 def _gather(hub: Any, kind: str, workers: Iterable[int], timeout: float,
-            alive: Callable[[], bool]) -> dict[int, dict[str, Any]]:
-    """One reply of ``kind`` from each of ``workers`` (other replies are dropped)."""
-    waiting = set(workers)
-    got: dict[int, dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while waiting:
-        if time.monotonic() > deadline:
-            raise MembershipError(f"no {kind!r} from workers {sorted(waiting)} within "
-                                  f"{timeout:g} s")
-        reply = hub.receive(0.05)
-        if reply is None:
-            if not alive():
-                raise MembershipError(f"the job ended while waiting for {kind!r} from workers "
-                                      f"{sorted(waiting)}")
-            continue
-        if reply.get("kind") == "error":
-            raise MembershipError(f"worker {reply.get('worker')}: {reply.get('error')}")
-        if reply.get("kind") == kind and int(reply["worker"]) in waiting:
-            waiting.discard(int(reply["worker"]))
-            got[int(reply["worker"])] = reply
-    return got
+            alive: Callable[[], bool], stash: list[dict[str, Any]] | None = None,
+            ) -> dict[int, dict[str, Any]]:
+    """One reply of ``kind`` from each of ``workers`` (``tokenflow.control.gather``)."""
+    from tokenflow.control import gather  # the control layer imports this module
+
+    return gather(hub, kind, workers, timeout, alive, stash=stash)
 
 
 def addresses(hub: Any, roster: list[int], slots: int, timeout: float,
@@ -206,7 +189,8 @@ def addresses(hub: Any, roster: list[int], slots: int, timeout: float,
     joining worker.
 
     Raises:
-        MembershipError: a worker did not answer within ``timeout`` s, or has no address.
+        ControlError: a worker did not answer within ``timeout`` s, or the job ended.
+        MembershipError: a worker has no mesh address.
     """
     for w in roster:
         hub.send(w, {"kind": "address"})
@@ -225,7 +209,7 @@ def join(hub: Any, roster: list[int], joiner: int, timeout: float,
     whose workers are ``roster``.
 
     Raises:
-        MembershipError: a worker did not answer within ``timeout`` s, or the job ended.
+        ControlError: a worker did not answer within ``timeout`` s, or the job ended.
     """
     _gather(hub, "hello", [joiner], timeout, alive)
     for w in roster:
@@ -243,15 +227,16 @@ def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
     it replies ``ready`` only when it holds no token and owns nothing).
 
     Raises:
-        MembershipError: a worker did not answer within ``timeout`` s, or the job ended.
+        ControlError: a worker did not answer within ``timeout`` s, or the job ended.
     """
     hub.send(leaver, {"kind": "leave"})
     _gather(hub, "ready", [leaver], timeout, alive)
     others = [w for w in roster if w != leaver]
     for w in others:
         hub.send(w, {"kind": "dismiss", "leaver": leaver})
-    _gather(hub, "dismissed", others, timeout, alive)
-    _gather(hub, "left", [leaver], timeout, alive)
+    stash: list[dict[str, Any]] = []  # "left" may come before the last "dismissed"
+    _gather(hub, "dismissed", others, timeout, alive, stash)
+    _gather(hub, "left", [leaver], timeout, alive, stash)
     for w in others:
         hub.send(w, {"kind": "forget", "leaver": leaver})
     _gather(hub, "forgotten", others, timeout, alive)

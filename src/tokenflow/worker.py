@@ -263,7 +263,7 @@ class Worker:
             if not self.joining:  # the initial token of every output, which it holds
                 for child in subgraph.children[1:]:
                     for port in range(child.outputs):
-                        subgraph.progcaster.held.update((Source(child.index, port), 0), 1)
+                        subgraph.progcaster.held.update((Source(child.index, port), scope.min_time), 1)
         subgraph.get_internal_summary()
         subgraph.set_external_summary()
         self._dataflows[index] = subgraph
