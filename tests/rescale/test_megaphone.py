@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from running_counts import running_counts
 
 from tokenflow import execute
 from tokenflow.dataflow.state import key_bins
@@ -78,20 +79,8 @@ def outputs(results: list[dict[str, Any]]) -> dict[int, Counter[Any]]:
 
 
 def oracle() -> dict[int, Counter[Any]]:
-    counts: Counter[str] = Counter()
-    out: dict[int, Counter[Any]] = {}
-    for e in range(EPOCHS):
-        c: Counter[Any] = Counter()
-        seen: Counter[str] = Counter()
-        for w in range(WORKERS):
-            for word in words(w, e):
-                seen[word] += 1
-        for word, n in seen.items():  # the running count after each of the epoch's records
-            for i in range(1, n + 1):
-                c[(word, counts[word] + i)] += 1
-            counts[word] += n
-        out[e] = c
-    return out
+    return running_counts([w for worker in range(WORKERS) for w in words(worker, e)]
+                          for e in range(EPOCHS))
 
 
 @pytest.mark.parametrize("strategy", STRATEGIES)

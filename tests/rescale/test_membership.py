@@ -12,6 +12,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
+from running_counts import running_counts
 
 from tokenflow import execute
 from tokenflow.job import start
@@ -63,19 +64,8 @@ def word_count(pace: float) -> Any:
 
 
 def oracle() -> dict[int, Counter[Any]]:
-    counts: Counter[str] = Counter()
-    out: dict[int, Counter[Any]] = {}
-    for e in range(EPOCHS):
-        c: Counter[Any] = Counter()
-        seen: Counter[str] = Counter()
-        for w in range(FEEDERS):
-            seen.update(words(w, e))
-        for word, n in seen.items():
-            for i in range(1, n + 1):
-                c[(word, counts[word] + i)] += 1
-            counts[word] += n
-        out[e] = c
-    return out
+    return running_counts([w for worker in range(FEEDERS) for w in words(worker, e)]
+                          for e in range(EPOCHS))
 
 
 def merged(results: list[Any]) -> dict[int, Counter[Any]]:

@@ -28,6 +28,7 @@ from collections import Counter, defaultdict, deque
 from typing import Any
 
 import pytest
+from running_counts import running_counts
 
 from tokenflow.comm.manual import ManualFabric
 from tokenflow.dataflow.operators.generic import unary_frontier
@@ -325,36 +326,21 @@ class Job:
                              f"{self.running()} still running")
 
 
+def flat(per_epoch: dict[int, Counter[Any]]) -> Counter[Any]:
+    return Counter({(e, r): n for e, c in per_epoch.items() for r, n in c.items()})
+
+
 def oracle_chained(first: Counter[Any]) -> Counter[Any]:
     """The second fold's running counts, per key ``count % 5`` of the first fold's outputs."""
-    counts: Counter[int] = Counter()
-    out: Counter[Any] = Counter()
-    for e in sorted({e for e, _ in first}):
-        seen: Counter[int] = Counter()
-        for (t, (_, c)), n in first.items():
-            if t == e:
-                seen[c % 5] += n
-        for key, n in seen.items():
-            for i in range(1, n + 1):
-                out[(e, (key, counts[key] + i))] += 1
-            counts[key] += n
-    return out
+    epochs = max((e for e, _ in first), default=-1) + 1
+    return flat(running_counts([c % 5 for (t, (_, c)), n in first.items() if t == e
+                                for _ in range(n)] for e in range(epochs)))
 
 
 def oracle_running(fed: list[int]) -> Counter[Any]:
     """The running counts of the epochs each feeder fed (``fed[w]`` epochs)."""
-    counts: Counter[str] = Counter()
-    out: Counter[Any] = Counter()
-    for e in range(max(fed)):
-        seen: Counter[str] = Counter()
-        for w in range(FEEDERS):
-            if e < fed[w]:
-                seen.update(words(w, e))
-        for word, n in seen.items():
-            for i in range(1, n + 1):
-                out[(e, (word, counts[word] + i))] += 1
-            counts[word] += n
-    return out
+    return flat(running_counts([w for worker in range(FEEDERS) if e < fed[worker]
+                                for w in words(worker, e)] for e in range(max(fed))))
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
