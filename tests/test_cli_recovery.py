@@ -268,8 +268,8 @@ def test_nexmark_query_stopped_at_a_checkpoint_and_resumed(tmp_path: Path) -> No
     from tokenflow.recovery import STOP_REQUEST
 
     whole, out, ckpt = tmp_path / "whole", tmp_path / "out", tmp_path / "ckpt"
-    run_query("q5", 200_000, workers=2, output=whole)
-    common = ["nexmark", "query", "--query", "q5", "--events", "200000", "--workers", "2",
+    run_query("q5", 1_000_000, workers=2, output=whole)
+    common = ["nexmark", "query", "--query", "q5", "--events", "1000000", "--workers", "2",
               "--output", str(out), "--checkpoint", str(ckpt), "--checkpoint-interval", "50ms",
               "--quiet"]
 
