@@ -65,7 +65,12 @@ RESULTS = ROOT / "benchmarks" / "results"
 WORKERS = 2
 SEED = 17
 VOCABULARY = 10_000
-VARIANTS = ("list, 1 in flight", "list, 4 in flight", "arrow, 1 in flight", "list, paced")
+VARIANTS = ("list, 1 in flight", "list, 4 in flight", "arrow, 1 in flight", "list, paced",
+            "list, small epochs")
+SMALL_IN_FLIGHT = 8
+"""Epochs in flight when measuring the small epochs' maximum rate."""
+OPEN_LOOP_LIMIT = 10_000
+"""Most epochs in flight in an open-loop run (it stops offering beyond, rather than run away)."""
 
 # -- the words ---------------------------------------------------------------------------------
 
@@ -242,12 +247,20 @@ def arrow_loop(epochs: int, words: int) -> dict[str, Any]:
 # -- one tokenflow run (in a child process) ----------------------------------------------------
 
 
-def make_job(variant: str, epochs: int, words: int, period: float) -> Callable[[Any], Any]:
+def make_job(variant: str, epochs: int, words: int, period: float, in_flight: int | None = None,
+             rate: float | None = None) -> Callable[[Any], Any]:
     """The worker function of one run.  Time 0 is an empty epoch every worker must pass
-    first (a barrier after generating the words); epoch ``e``'s words travel at time ``e + 1``."""
+    first (a barrier after generating the words); epoch ``e``'s words travel at time ``e + 1``.
+
+    ``in_flight`` overrides the variant's epochs in flight; ``rate`` (epochs/s) offers the
+    epochs open loop on a shared wall-clock grid, whatever the output's progress (at most
+    ``OPEN_LOOP_LIMIT`` in flight), and measures each epoch's latency from its due time."""
     arrow = variant.startswith("arrow")
-    in_flight = 4 if "4 in flight" in variant else 1
+    if in_flight is None:
+        in_flight = 4 if "4 in flight" in variant else 1
     paced = "paced" in variant
+    if rate is not None:
+        in_flight = OPEN_LOOP_LIMIT
 
     def job(worker: Any) -> dict[str, Any]:
         batches: list[Any] = (half_batches if arrow else half_lists)(worker.index, epochs, words)
@@ -270,14 +283,18 @@ def make_job(variant: str, epochs: int, words: int, period: float) -> Callable[[
                 done_at.append(now)
 
         worker.on_step.append(watch)
-        origin = 0.0
+        origin = float(int(time.time() + 1.5)) if rate is not None else 0.0
         start = time.perf_counter()
+        late: list[float] = []  # open loop: how long after its due time each epoch went out
         for epoch in range(epochs):
             if paced and epoch:
                 if epoch == 1:  # epoch 0 warms up; then offer on a shared wall-clock grid
                     origin = float(int(time.time() + 1.5))
-                due = origin + (epoch - 1) * period
-                worker.step_while(lambda: time.time() < due)  # noqa: B023 - called at once
+                worker.step_until(origin + (epoch - 1) * period)
+            if rate is not None:
+                due = origin + epoch / rate
+                worker.step_until(due)
+                late.append(max(0.0, time.time() - due))
             sent_at.append(time.perf_counter())
             inp.send_batch(batches[epoch])
             inp.advance_to(epoch + 2)
@@ -286,6 +303,8 @@ def make_job(variant: str, epochs: int, words: int, period: float) -> Callable[[
         worker.step_while(lambda: not probe.done())
         seconds = time.perf_counter() - start
         latencies = [d - s for s, d in zip(sent_at, done_at, strict=True)]
+        if rate is not None:
+            latencies = [lat + lag for lat, lag in zip(latencies, late, strict=True)]
         return {"seconds": seconds, "latencies": latencies[1:] if paced else latencies,
                 "records": records_of(seen), "origin": origin}
 
@@ -308,6 +327,15 @@ def records_of(seen: list[tuple[int, Any]]) -> dict[int, list[tuple[str, int]]]:
     return records
 
 
+def merged_digest(results: list[dict[str, Any]]) -> str:
+    """``digest`` of all workers' output records together."""
+    merged: dict[int, list[tuple[str, int]]] = {}
+    for result in results:
+        for t, records in result["records"].items():
+            merged.setdefault(t, []).extend(records)
+    return digest(merged)
+
+
 def child(args: argparse.Namespace) -> None:
     """Run the requested variants on one runtime; print one JSON line per run."""
     from tokenflow import execute
@@ -320,20 +348,26 @@ def child(args: argparse.Namespace) -> None:
         options["master"] = f"local[{WORKERS}]"
     try:
         for variant in args.variants.split(";"):
-            epochs = args.paced_epochs if "paced" in variant else args.epochs
-            job = make_job(variant, epochs, args.words, args.period)
+            extra: dict[str, Any] = {}
+            if "small" in variant:  # the maximum rate first, then open loop at half of it
+                epochs, words = args.small_epochs, args.small_words
+                most = execute(make_job(variant, epochs, words, args.period, SMALL_IN_FLIGHT),
+                               workers=WORKERS, runtime=args.runtime, **options)
+                extra = {"max_rate": epochs / most[0]["seconds"], "max_digest": merged_digest(most)}
+                job = make_job(variant, epochs, words, args.period, rate=extra["max_rate"] / 2)
+            else:
+                epochs = args.paced_epochs if "paced" in variant else args.epochs
+                words = args.words
+                job = make_job(variant, epochs, words, args.period)
             start = time.perf_counter()
             results = execute(job, workers=WORKERS, runtime=args.runtime, **options)
             job_seconds = time.perf_counter() - start
-            merged: dict[int, list[tuple[str, int]]] = {}
-            for result in results:
-                for t, records in result["records"].items():
-                    merged.setdefault(t, []).extend(records)
             if len({r["origin"] for r in results}) != 1:
                 raise RuntimeError("the workers paced their epochs on different grids")
             print(json.dumps({"variant": variant, "runtime": args.runtime, "epochs": epochs,
-                              "seconds": results[0]["seconds"], "job_seconds": job_seconds,
-                              "latencies": results[0]["latencies"], "digest": digest(merged)}),
+                              "words": words, "seconds": results[0]["seconds"],
+                              "job_seconds": job_seconds, "latencies": results[0]["latencies"],
+                              "digest": merged_digest(results), **extra}),
                   flush=True)
     finally:
         if args.runtime == "spark":
@@ -468,7 +502,8 @@ def run_child(src: Path, runtime: str, variants: list[str], args: argparse.Names
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--runtime", runtime,
                "--variants", ";".join(variants), "--epochs", str(args.epochs),
                "--words", str(args.words), "--paced-epochs", str(args.paced_epochs),
-               "--period", str(args.period)]
+               "--period", str(args.period), "--small-epochs", str(args.small_epochs),
+               "--small-words", str(args.small_words)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
     if done.returncode:
         raise RuntimeError(f"{runtime} run failed:\n{done.stderr[-4000:]}")
@@ -506,6 +541,20 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def small_row(run: dict[str, Any], plain: dict[str, Any], args: argparse.Namespace) -> str:
+    """The table row of the small-epochs variant: its maximum rate (``SMALL_IN_FLIGHT`` in
+    flight) against the plain loop over the same epochs, and the open-loop latency at half of
+    that rate."""
+    rate = run["max_rate"] * args.small_words
+    plain_rate = args.small_epochs * args.small_words / plain["seconds"]
+    lat = run["latencies"]
+    return (f"| list, {args.small_words:,}-word epochs: max ({SMALL_IN_FLIGHT} in flight); "
+            f"latency open loop at {run['max_rate'] / 2:,.0f} epochs/s (half) | {run['runtime']} | "
+            f"{run['tree']} | {rate:,.0f} | {rate / plain_rate:.2f} | plain loop | "
+            f"{run['job_seconds']:.2f} | {percentile(lat, 50) * 1e3:.2f} | "
+            f"{percentile(lat, 99) * 1e3:.2f} |")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="20 epochs, 3 paced (~1 minute)")
@@ -513,6 +562,10 @@ def main() -> None:
     parser.add_argument("--words", type=int, default=100_000, help="words per epoch")
     parser.add_argument("--paced-epochs", type=int, default=11, help="paced epochs (1st: warm-up)")
     parser.add_argument("--period", type=float, default=1.0, help="seconds between paced epochs")
+    parser.add_argument("--small-epochs", type=int, default=3000,
+                        help="epochs of the small-epochs variant")
+    parser.add_argument("--small-words", type=int, default=1000,
+                        help="words per epoch of the small-epochs variant")
     parser.add_argument("--runtimes", default="process", help="comma-separated: thread,process,spark")
     parser.add_argument("--baseline", help="also measure this commit's src/ (before/after)")
     parser.add_argument("--rounds", type=int, default=1, help="runs of each tree (best is kept)")
@@ -563,9 +616,11 @@ def main() -> None:
                         run["tree"] = tree
                         runs.append(run)
 
-    expected = {False: plain["digest"], True: paced_plain["digest"]}
+    small_plain = plain_loop(args.small_epochs, args.small_words)
     for run in runs:
-        if run["digest"] != expected["paced" in run["variant"]]:
+        expected = (small_plain if "small" in run["variant"] else
+                    paced_plain if "paced" in run["variant"] else plain)["digest"]
+        if run["digest"] != expected or run.get("max_digest", expected) != expected:
             raise AssertionError(f"{run['runtime']} {run['tree']} {run['variant']}: output differs "
                                  "from the plain loop's")
 
@@ -594,6 +649,9 @@ def main() -> None:
              f"{arrow['kernel']:.2f} | | |"]
     plot_rows = []
     for (runtime, tree, variant), run in best.items():
+        if "small" in variant:
+            table.append(small_row(run, small_plain, args))
+            continue
         words = run["epochs"] * args.words
         rate = words / run["seconds"]
         if variant.startswith("arrow"):

@@ -8,6 +8,7 @@ returns whether any dataflow is still running.
 
 from __future__ import annotations
 
+import time
 import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -239,6 +240,16 @@ class Worker:
         """Schedule the operator at ``path`` at the next step."""
         self.activations.activate(path)
 
+    def flush(self) -> None:
+        """Send what is buffered for other workers now (exchanges of large batches call it
+        before splitting off this worker's own part; a step also flushes at its start and
+        end).
+
+        Raises:
+            PeerLostError: (process and Spark runtimes) a peer's connection is gone.
+        """
+        self.allocator.flush()
+
     def progcaster(self, path: tuple[int, ...], name: str) -> Progcaster:
         """A progress channel for the scope at ``path``."""
         pushers, puller = self.allocate(self.new_identifier(), path)
@@ -384,10 +395,10 @@ class Worker:
         (empty: none); a worker leaving the job must hold none."""
         held = []
         for subgraph in self._dataflows.values():
-            for (location, time), count in subgraph.progcaster.held.iter():
+            for (location, at), count in subgraph.progcaster.held.iter():
                 if count:
                     held.append(f"{subgraph.children[location.node].name} output {location.port} "
-                                f"at {time!r} (x{count})")
+                                f"at {at!r} (x{count})")
         return held
 
     def leave(self) -> None:
@@ -425,6 +436,20 @@ class Worker:
             if self.stopped:
                 raise JobStopped(f"worker {self.index}: the job was stopped")
             self.step_or_park()
+
+    def step_until(self, deadline: float) -> None:
+        """Step until wall-clock time ``deadline`` (seconds since the Unix epoch, as
+        ``time.time()``), parking in between for no longer than the time left: for offering
+        input on a schedule (an epoch every ``period`` s) without sending late by up to a
+        park's default 10 ms.
+
+        Raises:
+            JobStopped: the control plane stopped the job (its dataflows are gone).
+        """
+        while (left := deadline - time.time()) > 0:
+            if self.stopped:
+                raise JobStopped(f"worker {self.index}: the job was stopped")
+            self.step_or_park(min(left, 0.01))
 
     def step_until_done(self) -> None:
         """Step until every dataflow of this worker has completed."""

@@ -293,3 +293,35 @@ def test_capacity_warning(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ex.capacity_warning(4, "spark", "spark://host:7077") is None
     assert ex.local_slots("local[*]") == 2 and ex.local_slots("local[3, 2]") == 3
     assert ex.contention(3, 1) == "3 workers on 1 core: expect contention"
+
+
+# -- stepping until a wall-clock time ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("runtime", ["thread", "process"])
+def test_step_until_keeps_the_dataflow_running_and_returns_at_the_deadline(runtime: str) -> None:
+    """Data sent before ``step_until`` is processed while it waits (the worker steps), and it
+    returns only once the deadline has passed."""
+
+    def job(worker: Worker) -> tuple[list[int], float, int]:
+        seen: list[int] = []
+
+        def build(scope: Scope) -> tuple[InputHandle, ProbeHandle]:
+            inp, stream = scope.new_input()
+            return inp, stream.inspect(seen.append).probe()
+
+        inp, probe = worker.dataflow(build)
+        inp.send(worker.index)
+        inp.advance_to(1)
+        deadline = time.time() + 0.2
+        steps = worker.steps
+        worker.step_until(deadline)
+        after = time.time() - deadline
+        inp.close()
+        worker.step_until_done()
+        return seen, after, worker.steps - steps
+
+    for seen, after, steps in execute(job, workers=2, runtime=runtime):
+        assert len(seen) == 1  # its own record, processed during the wait (no exchange)
+        assert after >= 0  # never returns early
+        assert steps >= 2

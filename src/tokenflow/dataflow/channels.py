@@ -105,20 +105,34 @@ class Pipeline:
         return queue, queue
 
 
+EAGER_RECORDS = 4096
+"""Batches of at least this many records are sent to other workers before this worker's own
+part is split off (see ``ExchangePusher``)."""
+
+
 class ExchangePusher:
     """Splits each batch by the route of its records (key -> bin -> owner in ``table``; with
     no table, ``routes_for`` over the pushers: a direct hash, kept for comparisons) and pushes
-    each part to its worker."""
+    each part to its worker.
 
-    __slots__ = ("pushers", "key", "column", "router", "table")
+    With ``local`` (this worker's index) and ``flush`` (sends what is buffered for other
+    workers), a batch of ``EAGER_RECORDS`` or more has the other workers' parts split and
+    sent first, then its own part split: the peers start on their parts while this worker
+    builds and processes its own (the order timely's exchange gets by sending each full
+    buffer at once).  Sending sooner keeps each connection's order, so progress is safe."""
+
+    __slots__ = ("pushers", "key", "column", "router", "table", "local", "flush")
 
     def __init__(self, pushers: Sequence[Push], key: Any, column: str | None,
-                 table: RoutingTable | None = None) -> None:
+                 table: RoutingTable | None = None, local: int | None = None,
+                 flush: Callable[[], None] | None = None) -> None:
         self.pushers = list(pushers)
         self.key = key
         self.column = column
         self.table = table
         self.router = KeyRouter(key, table if table is not None else len(self.pushers))
+        self.local = local
+        self.flush = flush
 
     def push(self, message: Message) -> None:
         time, batch = message
@@ -126,8 +140,9 @@ class ExchangePusher:
         if len(pushers) == 1:
             pushers[0].push(message)
             return
+        eager = self.flush if len(batch) >= EAGER_RECORDS else None
         for worker, part in partition_batch(batch, len(pushers), self.key, self.column,
-                                             self.router, self.table):
+                                             self.router, self.table, self.local, eager):
             pushers[worker].push((time, part))
 
 
@@ -151,7 +166,8 @@ class Exchange:
 
     def connect(self, host: ChannelHost, identifier: int, path: tuple[int, ...]) -> tuple[Push, Pull]:
         pushers, puller = host.allocate(identifier, path)
-        return ExchangePusher(pushers, self.key, self.column, getattr(host, "routing", None)), puller
+        return ExchangePusher(pushers, self.key, self.column, getattr(host, "routing", None),
+                              getattr(host, "index", None), getattr(host, "flush", None)), puller
 
 
 class BroadcastPusher:

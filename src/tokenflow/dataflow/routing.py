@@ -325,6 +325,8 @@ class KeyRouter:
         cache = self._cache
         pack = self._pack
         try:
+            if len(keys) > 1:  # one C call for all lookups (a tuple): faster than a map
+                return pack(itemgetter(*keys)(cache))
             return pack(map(cache.__getitem__, keys))
         except KeyError:
             pass
@@ -337,11 +339,21 @@ class KeyRouter:
         return pack(map(cache.__getitem__, keys))
 
 
-def partition_list(batch: list[Any], routes: Sequence[int],
-                   peers: int) -> Iterator[tuple[int, list[Any]]]:
+def _last(peers: int, last: int | None) -> list[int]:
+    """Worker indices ``0..peers-1`` with ``last`` (when one of them) moved to the end."""
+    order = list(range(peers))
+    if last is not None and 0 <= last < peers:
+        order.append(order.pop(last))
+    return order
+
+
+def partition_list(batch: list[Any], routes: Sequence[int], peers: int, last: int | None = None,
+                   before_last: Callable[[], None] | None = None) -> Iterator[tuple[int, list[Any]]]:
     """Split ``batch`` by ``routes`` (a ``list``, or ``bytes``: one byte per record) into
-    ``(worker, part)`` pairs (non-empty parts only, in worker order, each part keeping the
-    batch's order).
+    ``(worker, part)`` pairs (non-empty parts only, in worker order but ``last``'s part at the
+    end, each part keeping the batch's order).  Parts are built as they are taken;
+    ``before_last`` is called before ``last``'s part is built when other parts came first (an
+    exchange sends those to their workers there, before splitting off its own).
 
     C-level passes only: with up to ``MASKED_PEERS`` workers, per worker a ``translate`` of
     the route bytes into a 0/1 mask and an ``itertools.compress`` by it; beyond, a stable
@@ -351,10 +363,13 @@ def partition_list(batch: list[Any], routes: Sequence[int],
     if peers <= MASKED_PEERS:
         mask = routes if isinstance(routes, bytes) else bytes(routes)
         counts = np.bincount(np.frombuffer(mask, dtype=np.uint8), minlength=peers).tolist()
-        for worker, count in enumerate(counts):
+        for worker in _last(peers, last):
+            count = counts[worker]
             if count == n:
                 yield worker, batch
             elif count:
+                if worker == last and before_last is not None:
+                    before_last()
                 yield worker, list(compress(batch, mask.translate(_SELECT[worker])))
         return
     routes = list(routes)
@@ -366,11 +381,17 @@ def partition_list(batch: list[Any], routes: Sequence[int],
     order = sorted(range(n), key=routes.__getitem__)
     reordered = itemgetter(*order)(batch)
     start = 0
+    parts = []
     for worker in range(peers):
         c = count_first if worker == first else routes.count(worker)
         if c:
-            yield worker, list(reordered[start : start + c])
+            parts.append((worker, list(reordered[start : start + c])))
             start += c
+    parts.sort(key=lambda part: part[0] == last)  # stable: worker order, ``last`` at the end
+    for k, (worker, part) in enumerate(parts):
+        if k and worker == last and before_last is not None:
+            before_last()
+        yield worker, part
 
 
 MASKED_PEERS = 16
@@ -379,8 +400,10 @@ _SELECT = [bytes(w) + b"\1" + bytes(255 - w) for w in range(MASKED_PEERS)]
 """``translate`` tables: byte ``w`` becomes 1, every other byte 0."""
 
 
-def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tuple[int, Any]]:
-    """Split an Arrow batch by ``routes`` into ``(worker, part)`` pairs (non-empty only).
+def partition_arrow(batch: Any, routes: np.ndarray, peers: int, last: int | None = None,
+                    before_last: Callable[[], None] | None = None) -> Iterator[tuple[int, Any]]:
+    """Split an Arrow batch by ``routes`` into ``(worker, part)`` pairs (non-empty only, in
+    worker order but ``last``'s part at the end; ``before_last`` as in ``partition_list``).
 
     Large batches on few workers take one vectorized selection per worker; otherwise the rows
     are put in worker order with one stable radix ``argsort`` of the routes and one ``take``,
@@ -394,28 +417,34 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int) -> Iterator[tupl
         yield counts.index(n), batch
         return
     if peers <= 8 and n > 16_384:
-        for worker in range(peers):
+        for worker in _last(peers, last):
             if counts[worker]:
+                if worker == last and before_last is not None:
+                    before_last()
                 yield worker, batch.take(np.flatnonzero(routes == worker))
         return
     narrow = routes.astype(np.uint8 if peers <= 256 else np.uint16 if peers <= 65_536 else np.int64)
     order = np.argsort(narrow, kind="stable").astype(np.int64, copy=False)
     indices = pa.Array.from_buffers(pa.int64(), n, [None, pa.py_buffer(order)])
     reordered = _TAKE.call([batch, indices])
-    start = 0
-    for worker, c in enumerate(counts):
-        if c:
-            yield worker, reordered.slice(start, c)
-            start += c
+    starts = np.cumsum([0, *counts]).tolist()
+    for worker in _last(peers, last):
+        if counts[worker]:
+            if worker == last and before_last is not None:
+                before_last()
+            yield worker, reordered.slice(starts[worker], counts[worker])
 
 
 def partition_batch(
     batch: Any, peers: int, key: Callable[[Any], Any] | None, column: str | None,
-    router: KeyRouter | None = None, table: RoutingTable | None = None,
+    router: KeyRouter | None = None, table: RoutingTable | None = None, last: int | None = None,
+    before_last: Callable[[], None] | None = None,
 ) -> Iterator[tuple[int, Any]]:
     """Split ``batch`` into ``(worker, part)`` pairs for ``peers`` workers, skipping empty
-    parts; routes through ``table`` (key -> bin -> owner) when given, else by
-    ``routes_for``.  A ``router`` keeps its own target (the table it was made with).
+    parts, in worker order but ``last``'s part at the end, built after the others are taken
+    and after a call of ``before_last`` (see ``partition_list``); routes through ``table``
+    (key -> bin -> owner) when given, else by ``routes_for``.  A ``router`` keeps its own
+    target (the table it was made with).
 
     Raises:
         KeyError: when ``column`` is not a column of the Arrow batch.
@@ -435,10 +464,10 @@ def partition_batch(
             rows = batch.to_pylist()
             routes = route_hashes(stable_hash(rows if key is None else [key(r) for r in rows]),
                                   table if table is not None else peers)
-        yield from partition_arrow(batch, routes, peers)
+        yield from partition_arrow(batch, routes, peers, last, before_last)
         return
     if not isinstance(batch, list):
         raise TypeError(f"batches are lists or Arrow record batches, got {type(batch).__name__}")
     if router is None:
         router = KeyRouter(key, table if table is not None else peers)
-    yield from partition_list(batch, router.routes(batch), peers)
+    yield from partition_list(batch, router.routes(batch), peers, last, before_last)
