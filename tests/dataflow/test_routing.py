@@ -125,3 +125,29 @@ def test_a_large_arrow_batch_keeps_the_order_and_calls_before_last_once() -> Non
     assert events == [(0, np.flatnonzero(routes == 0).tolist()),
                       (2, np.flatnonzero(routes == 2).tolist()), "before",
                       (1, np.flatnonzero(routes == 1).tolist())]
+
+
+@given(st.lists(st.one_of(st.integers(-(2**63), 2**63 - 1), st.booleans(),
+                          st.floats(allow_nan=False), st.text(max_size=3)), min_size=1, max_size=30))
+def test_keys_equal_in_python_hash_equal_in_any_mix_and_layout(keys: list[object]) -> None:
+    """``1``, ``1.0`` and ``True`` are one dict key, so they must route together whichever
+    is seen first (the router memoizes by equality); the hash of a key does not depend on
+    the other keys of its batch, nor on list vs Arrow column."""
+    import numpy as np
+    import pyarrow as pa
+
+    from tokenflow.dataflow.routing import column_hashes, stable_hash
+
+    hashes = stable_hash(keys)
+    alone = [int(stable_hash([k])[0]) for k in keys]
+    assert hashes.tolist() == alone
+    for k, h in zip(keys, alone, strict=True):
+        if isinstance(k, float) and k.is_integer() and abs(k) < 2**63:
+            assert h == int(stable_hash([int(k)])[0])
+        if isinstance(k, bool):
+            assert h == int(stable_hash([int(k)])[0])
+    floats = [k for k in keys if type(k) is float]
+    if floats:
+        column = column_hashes(pa.array(floats, pa.float64()))
+        assert column.tolist() == stable_hash(floats).tolist()
+        assert stable_hash(np.array(floats)).tolist() == column.tolist()

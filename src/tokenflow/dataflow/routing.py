@@ -4,8 +4,11 @@ Source: docs/ARCHITECTURE.md ("Data plane": "Exchange routes by a stable hash, n
 ``hash()`` of str").  The hash is defined here, the same in every process, on every runtime and
 for list and Arrow batches alike, so a key meets itself whichever stream it travels on:
 
-* integers (``int`` keys, integer columns): ``mix64(value as uint64)``, with ``mix64`` the
-  SplitMix64 finalizer;
+* integers (``int`` and ``bool`` keys, integer and boolean columns): ``mix64(value as
+  uint64)``, with ``mix64`` the SplitMix64 finalizer;
+* floats (``float`` keys, floating-point columns): a float equal to an integer in int64 range
+  hashes as that integer (``1.0 == 1``, ``-0.0 == 0``: keys equal in Python meet, whichever
+  was seen first), any other float as ``mix64`` of its IEEE 754 bits (``hash_floats``);
 * strings and bytes: ``M * sum((b[j] + 1) * B**j)`` over the UTF-8 bytes ``b``, modulo 2**64
   (``hash_strings``);
 * anything else: the string hash of ``str(key)``;
@@ -170,18 +173,41 @@ def hash_ints(values: np.ndarray) -> np.ndarray:
     return mix64(values.astype(np.int64, copy=False).view(np.uint64))
 
 
+_TWO_63 = float(2**63)
+
+
+def hash_floats(values: np.ndarray) -> np.ndarray:
+    """Hashes (uint64) of float64 values: ``hash_ints`` of the integer for a value equal to an
+    integer in int64 range (so ``1.0`` meets ``1`` and ``-0.0`` meets ``0``), ``mix64`` of
+    the IEEE 754 bits for any other value (NaNs hash by their bits)."""
+    values = values.astype(np.float64, copy=False)
+    with np.errstate(invalid="ignore"):
+        integral = (np.floor(values) == values) & (np.abs(values) < _TWO_63)
+    out = mix64(values.view(np.uint64))
+    if integral.any():
+        out[integral] = hash_ints(values[integral].astype(np.int64))
+    return out
+
+
 def stable_hash(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
     """64-bit hashes of ``keys``, equal across processes, runtimes and batch layouts.
 
-    Integers (within int64) hash by value, strings by their UTF-8 bytes, everything else by its
-    ``str`` form — so ``1`` and ``"1"`` differ but each is stable.
+    Integers (within int64) hash by value, floats with ``hash_floats`` (an integral float as
+    its integer), strings by their UTF-8 bytes, everything else by its ``str`` form — so ``1``
+    and ``1.0`` meet, ``1`` and ``"1"`` differ, and each is stable.  Keys equal in Python but
+    of other types (``Decimal(1)`` and ``1``, or tuples mixing them) hash by their different
+    ``str`` forms: use one type per key.
     """
     if isinstance(keys, np.ndarray) and keys.dtype.kind in "iub":
         return hash_ints(keys)
+    if isinstance(keys, np.ndarray) and keys.dtype.kind == "f":
+        return hash_floats(keys)
     keys = list(keys)
     kinds = set(map(type, keys))
     if kinds == {str}:
         return hash_texts(keys)
+    if kinds == {float}:
+        return hash_floats(np.array(keys, dtype=np.float64))
     if kinds == {str, type(None)}:  # as a string array with nulls: None hashes to 0
         out = hash_texts(["" if k is None else k for k in keys])
         out[[k is None for k in keys]] = 0
@@ -197,6 +223,10 @@ def stable_hash(keys: Sequence[Any] | np.ndarray) -> np.ndarray:
     ints = [i for i in ints if _INT64_MIN <= int(keys[i]) <= _INT64_MAX]
     if ints:
         out[ints] = hash_ints(np.array([int(keys[i]) for i in ints], dtype=np.int64))
+    floats = [i for i, k in enumerate(keys) if isinstance(k, (float, np.floating))]
+    if floats:
+        out[floats] = hash_floats(np.array([keys[i] for i in floats], dtype=np.float64))
+        ints += floats
     if len(ints) < len(keys):
         taken = set(ints)
         rest = [i for i in range(len(keys)) if i not in taken]
@@ -253,7 +283,8 @@ def _string_like(dtype: pa.DataType) -> bool:
 def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     """Stable uint64 hash per row of an Arrow column (nulls hash to 0), vectorized: string and
     binary columns with ``hash_strings``, integer and boolean columns by value
-    (``hash_ints``), other types by their string form."""
+    (``hash_ints``), floating-point columns with ``hash_floats``, other types by their string
+    form."""
     if isinstance(column, pa.ChunkedArray):
         column = column.combine_chunks()
     kind = column.type
@@ -262,6 +293,12 @@ def column_hashes(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
     if pa.types.is_integer(kind) or pa.types.is_boolean(kind):
         ints = column.fill_null(0) if column.null_count else column
         return hash_ints(ints.cast(pa.int64()).to_numpy(zero_copy_only=False))
+    if pa.types.is_floating(kind):
+        floats = column.fill_null(0) if column.null_count else column
+        hashes = hash_floats(floats.cast(pa.float64()).to_numpy(zero_copy_only=False))
+        if column.null_count:
+            hashes[np.asarray(column.is_null())] = 0
+        return hashes
     hashes = hash_strings(column.cast(pa.string()))
     if column.null_count:
         hashes[np.asarray(column.is_null())] = 0
