@@ -4,7 +4,13 @@ this file does nothing)."""
 from __future__ import annotations
 
 import subprocess
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def provenance() -> str:
@@ -26,3 +32,17 @@ def provenance() -> str:
     changed = ", ".join(f"`{d}`" for d in dirty) if dirty else "none"
     return (f"tokenflow imported from this repository's `src/` at commit {commit}; uncommitted "
             f"changes under it: {changed}.")
+
+
+@contextmanager
+def exported(rev: str) -> Iterator[Path]:
+    """``src/`` of commit ``rev``, exported with ``git archive`` into a temporary directory (for
+    a before/after comparison in one sitting: run a child with ``PYTHONPATH`` set to it)."""
+    with tempfile.TemporaryDirectory(prefix="tokenflow-src-") as tmp:
+        data = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
+                              capture_output=True).stdout
+        path = Path(tmp) / "archive.tar"
+        path.write_bytes(data)
+        with tarfile.open(path) as tar:
+            tar.extractall(tmp, filter="data")
+        yield Path(tmp) / "src"

@@ -19,14 +19,27 @@ the generator >= 500,000 events/s per worker.
 Prints the tables, appends them to ``benchmarks/results/nexmark.md`` and writes
 ``benchmarks/results/nexmark.png`` (events/s per query next to the anchor and target).
 
-Run: ``.venv/bin/python benchmarks/nexmark.py [--events N] [--repeat R] [--query q0 q4 ...]``.
+* **Before/after** (``--baseline REV``): each round runs every query once with ``src/`` of
+  commit ``REV`` and once with this tree's, each in a child process of its own (Spark started
+  in each), interleaved, so both sides share the machine's drift; reported per query: the
+  median events/s and latency of each side and their ratio, after checking both sides' output
+  rows equal.  Appended to ``benchmarks/results/nexmark.md`` as its own section.
+
+Run: ``.venv/bin/python benchmarks/nexmark.py [--events N] [--repeat R] [--query q0 q4 ...]
+[--baseline REV]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import hashlib
+import json
+import os
 import platform
+import statistics
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +123,79 @@ def plot(rows: list[Row], path: Path) -> None:
     plt.close(fig)
 
 
+def child(args: argparse.Namespace) -> None:
+    """One side of a before/after round: every query once; one JSON line each."""
+    from tokenflow.spark.session import get_session, stop_session
+
+    get_session(MASTER)
+    try:
+        run_query("q0", 20_000, workers=WORKERS, runtime="spark", master=MASTER)  # warm up
+        for name in args.query:
+            r = run_query(name, args.events, rate=10_000, workers=WORKERS, runtime="spark",
+                          master=MASTER)
+            digest = hashlib.sha256(r.rows.to_csv(index=False).encode()).hexdigest()
+            print(json.dumps({"query": name, "eps": r.events_per_second, "p50": r.latency_p50_ms,
+                              "p99": r.latency_p99_ms, "rows": len(r.rows), "digest": digest}),
+                  flush=True)
+    finally:
+        stop_session()
+
+
+def before_after(args: argparse.Namespace) -> None:
+    """``--baseline``: interleaved rounds of both trees, a ratio table (see the docstring)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from _provenance import exported, provenance
+
+    load = os.getloadavg()[0]
+    runs: dict[str, list[dict]] = {"before": [], "after": []}
+    with exported(args.baseline) as old:
+        trees = [("before", old), ("after", Path(__file__).resolve().parents[1] / "src")]
+        for round_ in range(args.repeat):
+            for tree, src in trees:
+                print(f"  round {round_ + 1}: {tree}", file=sys.stderr, flush=True)
+                done = subprocess.run(
+                    [sys.executable, str(Path(__file__).resolve()), "--child", "--events",
+                     str(args.events), "--query", *args.query],
+                    env=dict(os.environ, PYTHONPATH=str(src)), capture_output=True, text=True,
+                    check=False)
+                if done.returncode:
+                    raise RuntimeError(f"{tree} run failed:\n{done.stderr[-4000:]}")
+                runs[tree] += [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    for name in args.query:
+        digests = {r["digest"] for side in runs.values() for r in side if r["query"] == name}
+        if len(digests) != 1:
+            raise AssertionError(f"{name}: output rows differ between runs or trees")
+
+    def med(tree: str, name: str, field: str) -> float:
+        return statistics.median(r[field] for r in runs[tree] if r["query"] == name)
+
+    lines = [
+        "",
+        f"## Before/after, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+        "",
+        f"Machine: {platform.machine()}, 2 cores (shared), Python {platform.python_version()}; "
+        f"1-minute load average {load:.1f} at the start. {provenance()} *Before*: commit "
+        f"{args.baseline}; *after*: this tree. Spark {MASTER}, {WORKERS} workers, "
+        f"{args.events:,} events at 10,000 events/s of event time, 1 s epochs, generator "
+        f"included; {args.repeat} interleaved rounds (a child process per tree and round), "
+        "medians. Every run's output rows were checked equal across runs and trees.",
+        "",
+        "| query | before events/s | after events/s | after / before | before p50 / p99 ms | "
+        "after p50 / p99 ms |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in args.query:
+        b, a = med("before", name, "eps"), med("after", name, "eps")
+        lines.append(f"| {name} | {b:,.0f} | {a:,.0f} | {a / b:.2f} | "
+                     f"{med('before', name, 'p50'):.1f} / {med('before', name, 'p99'):.1f} | "
+                     f"{med('after', name, 'p50'):.1f} / {med('after', name, 'p99'):.1f} |")
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if not args.no_write:
+        with (RESULTS / "nexmark.md").open("a") as f:
+            f.write(text)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, default=1_000_000)
@@ -117,7 +203,15 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--query", nargs="+", default=list(QUERIES), choices=QUERIES)
     parser.add_argument("--generator-events", type=int, default=2_000_000)
     parser.add_argument("--no-write", action="store_true", help="print only")
+    parser.add_argument("--baseline", help="instead: before (this commit) / after (this tree)")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.child:
+        child(args)
+        return
+    if args.baseline:
+        before_after(args)
+        return
 
     from tokenflow.spark.session import get_session, stop_session
 

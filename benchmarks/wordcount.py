@@ -46,12 +46,11 @@ import platform
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable
+from contextlib import ExitStack
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -59,6 +58,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from _provenance import exported, provenance  # a sibling module: benchmarks run as scripts
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -484,19 +484,6 @@ def profile(args: argparse.Namespace) -> None:
 # -- the driver --------------------------------------------------------------------------------
 
 
-@contextmanager
-def exported(rev: str) -> Iterator[Path]:
-    """``src/`` of commit ``rev``, exported with ``git archive`` into a temporary directory."""
-    with tempfile.TemporaryDirectory(prefix="tokenflow-wordcount-") as tmp:
-        data = subprocess.run(["git", "archive", rev, "src"], cwd=ROOT, check=True,
-                              capture_output=True).stdout
-        path = Path(tmp) / "archive.tar"
-        path.write_bytes(data)
-        with tarfile.open(path) as tar:
-            tar.extractall(tmp, filter="data")
-        yield Path(tmp) / "src"
-
-
 def run_child(src: Path, runtime: str, variants: list[str], args: argparse.Namespace) -> list[dict[str, Any]]:
     env = dict(os.environ, PYTHONPATH=str(src))
     command = [sys.executable, str(Path(__file__).resolve()), "--child", "--runtime", runtime,
@@ -585,9 +572,6 @@ def main() -> None:
     if args.profile:
         profile(args)
         return
-
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _provenance import provenance  # a sibling module: benchmarks run as scripts
 
     load = os.getloadavg()[0]
     total = args.epochs * args.words
