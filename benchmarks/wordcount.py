@@ -209,13 +209,17 @@ def digest(per_epoch: dict[int, list[tuple[str, int]]]) -> str:
 # -- single-thread baselines -------------------------------------------------------------------
 
 
-def plain_loop(epochs: int, words: int) -> dict[str, Any]:
+def plain_loop(epochs: int, words: int, period: float = 0.0) -> dict[str, Any]:
+    """The list logic in one thread, epoch after epoch (sleeping ``period`` s before each
+    epoch but the first when given, as the paced runs wait)."""
     halves = [half_lists(w, epochs, words) for w in range(WORKERS)]
     totals: dict[str, int] = {}
     out: dict[int, list[tuple[str, int]]] = {}
     latencies = []
     start = time.perf_counter()
     for e in range(epochs):
+        if period and e:
+            time.sleep(period)
         t0 = time.perf_counter()
         counts: Counter[str] = Counter()
         for half in halves:
@@ -580,7 +584,8 @@ def main() -> None:
     arrow = arrow_loop(args.epochs, args.words)
     if arrow["digest"] != plain["digest"]:
         raise AssertionError("the single-thread Arrow logic's output differs from the plain loop's")
-    paced_plain = plain_loop(args.paced_epochs, args.words)
+    paced_plain = plain_loop(args.paced_epochs, args.words, args.period)
+    paced_epoch = percentile(paced_plain["latencies"][1:], 50)
     plain_rate = total / plain["seconds"]
     arrow_rate = total / arrow["seconds"]
     kernel_rate = total / arrow["kernel"]
@@ -652,7 +657,9 @@ def main() -> None:
             f"{run['job_seconds']:.2f} | {percentile(lat, 50) * 1e3:.1f} | "
             f"{percentile(lat, 99) * 1e3:.1f} |")
         if paced:
-            table[-1] += f" p50 = {percentile(lat, 50) / plain_epoch:.2f}× the plain epoch"
+            table[-1] += (f" p50 = {percentile(lat, 50) / plain_epoch:.2f}× the plain epoch "
+                          f"({percentile(lat, 50) / paced_epoch:.2f}× the plain epoch after "
+                          f"{args.period:g} s asleep, {paced_epoch * 1e3:.1f} ms)")
         else:
             plot_rows.append({"variant": variant, "runtime": runtime, "tree": tree, "rate": rate,
                               "ratio": ratio})
