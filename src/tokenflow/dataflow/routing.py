@@ -376,6 +376,13 @@ class KeyRouter:
         return pack(map(cache.__getitem__, keys))
 
 
+def _beyond(worker: int, peers: int) -> ValueError:
+    """A route to ``worker`` in a split for ``peers`` workers: its records would be dropped
+    (e.g. a splitter sized by the workers at build time while workers joined since)."""
+    return ValueError(f"a record is routed to worker {worker}, beyond the {peers} workers the "
+                      f"batch is split for")
+
+
 def _last(peers: int, last: int | None) -> list[int]:
     """Worker indices ``0..peers-1`` with ``last`` (when one of them) moved to the end."""
     order = list(range(peers))
@@ -400,6 +407,8 @@ def partition_list(batch: list[Any], routes: Sequence[int], peers: int, last: in
     if peers <= MASKED_PEERS:
         mask = routes if isinstance(routes, bytes) else bytes(routes)
         counts = np.bincount(np.frombuffer(mask, dtype=np.uint8), minlength=peers).tolist()
+        if len(counts) > peers:
+            raise _beyond(len(counts) - 1, peers)
         for worker in _last(peers, last):
             count = counts[worker]
             if count == n:
@@ -424,6 +433,8 @@ def partition_list(batch: list[Any], routes: Sequence[int], peers: int, last: in
         if c:
             parts.append((worker, list(reordered[start : start + c])))
             start += c
+    if start != n:
+        raise _beyond(max(routes), peers)
     parts.sort(key=lambda part: part[0] == last)  # stable: worker order, ``last`` at the end
     for k, (worker, part) in enumerate(parts):
         if k and worker == last and before_last is not None:
@@ -449,6 +460,8 @@ def partition_arrow(batch: Any, routes: np.ndarray, peers: int, last: int | None
     function looked up once, three GIL releases instead of six).
     """
     counts = np.bincount(routes, minlength=peers).tolist()
+    if len(counts) > peers:
+        raise _beyond(len(counts) - 1, peers)
     n = len(batch)
     if max(counts) == n:
         yield counts.index(n), batch

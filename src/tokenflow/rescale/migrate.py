@@ -266,7 +266,9 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         shared.size = lambda: sum(t.nbytes for t in state.export().values())
         return state
 
-    splits = [column_splitter(c, table.bins, scope.peers) for c in columns]
+    # by slot: the owners include workers that joined after this one built the operator
+    peers = getattr(worker, "slots", scope.peers)
+    splits = [column_splitter(c, table.bins, peers) for c in columns]
     routed, controller = router(list(inputs), splits, table, shared, lead, measure, name)
 
     op = OperatorBuilder(name, scope, notify=True)
