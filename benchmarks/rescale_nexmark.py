@@ -29,21 +29,29 @@ batched change runs); scale-in
 moves exactly the bins the leaving worker owned (the table before the change rebuilt from the
 moves worker 0 sent), only from it, and with all-at-once exactly its bytes.
 
-With ``--join`` the job starts 2 worker processes (Spark: tasks) in 4 slots and every change is
-a wall-clock one in which worker processes **join** the running query and **leave** it
-(``run_query(max_workers=4)``: ``JobHandle.scale``, ``tokenflow.membership``) instead of the
-roster changing among 4 started processes; the changes follow each other (a join waits for its
-process) from random seconds within the first half of a run without rescaling; results in
-``rescale_nexmark_join.md`` / ``.json``.
+With ``--join`` worker processes **join** the running job and **leave** it
+(``tokenflow.membership``: ``JobHandle.scale`` from the driver's ``rescale_schedule``) instead of
+the roster changing among started processes: 2 workers (Spark: tasks) in 4 slots go
+2 -> 3 -> 4 -> 3 -> 2.  The workloads are q4, q5, q8 and a running word count
+(``megaphone_fold``, fed by workers 0 and 1 at a fixed pace; its reference is a ``Counter``
+oracle, ``tests/running_counts.py``), in turn; Spark (``local[4]``: as many task slots as the
+peak roster) for ``i % 5`` in 1, 3 (20 of 50), else process.  The four changes are asked at
+random seconds between 5 % and 40 % of a run without rescaling on the same runtime (each
+waits for the one before: a join starts a worker process and waits for it), on inputs long
+enough (``JOIN_EVENTS``) for all four to finish while the job runs.  Besides the byte bound,
+the bins moved are checked: a scale-out to W+1 owners moves at most ``ceil(S/(W+1))`` of the S
+bins.  The results are a section of ``rescale_nexmark.md`` (``rescale_nexmark_join.json``).
 
 Run: ``.venv/bin/python benchmarks/rescale_nexmark.py`` (``--schedules 50``, about 15 minutes
-on a 2-core machine) or ``--schedules 6`` for a quick look.
+on a 2-core machine) or ``--schedules 6`` for a quick look; ``--join`` about 20 minutes
+(the JSON is saved after every schedule; ``--start N`` goes on from schedule N).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import random
 import sys
@@ -64,6 +72,19 @@ IN_FLIGHT = 10_000
 auctions, too few keys for a 2 % margin on the bytes a third of the bins hold)."""
 WORKERS = 4
 ROSTERS = (3, 4, 3, 2)
+JOIN_WORKLOADS = ("q4", "q5", "q8", "wordcount")
+JOIN_EVENTS = {"q4": 2_000_000, "q5": 4_000_000, "q8": 4_000_000}
+"""Events per query with ``--join`` (a 2-core machine shared with other measurements): long
+enough for the four changes, each of which waits for the one before, to finish in the job."""
+JOIN_WINDOW = (0.05, 0.40)
+"""The changes are asked at random seconds within this part of a run without rescaling."""
+WC_FEEDERS = 2
+WC_EPOCHS = 400
+WC_WORDS = 500
+"""Words per feeding worker and epoch."""
+WC_VOCABULARY = 20_000
+WC_PACE = 0.05
+"""Seconds per epoch of the running word count (20 s of input)."""
 FLUID_BINS = 256
 """Bins of the routing table for ``fluid`` (one bin per step; 4,096 bins made one run take
 minutes: every step takes a bin out of the state by rebuilding the rest, and with
@@ -76,14 +97,18 @@ def generator() -> Any:
     return GeneratorConfig(rate=RATE, num_in_flight_auctions=IN_FLIGHT)
 
 
-def violations(result: Any, strategy: str) -> list[str]:
-    """The move bounds of the module docstring that ``result`` breaks (empty: none)."""
+def violations(migrations: list[Any], strategy: str, bins: int | None = None) -> list[str]:
+    """The move bounds of the module docstring that the ``ChangeReport``s break (empty: none);
+    with ``bins``, a scale-out to W+1 owners must also move at most ``ceil(bins/(W+1))``."""
     out = []
-    for c in result.migrations:
+    for c in migrations:
         if len(c.after) > len(c.before):
             newcomers = sorted(set(c.after) - set(c.before))
             if c.receivers != newcomers:
                 out.append(f"change {c.index}: bins went to {c.receivers}, not {newcomers}")
+            if bins is not None and c.bins > math.ceil(bins / len(c.after)):
+                out.append(f"change {c.index}: moved {c.bins} bins > "
+                           f"{math.ceil(bins / len(c.after))}")
             bound = 1 / len(c.after) + 0.02
             if c.total_bytes and c.share > bound:
                 out.append(f"change {c.index}: moved {c.share:.3f} of the state > {bound:.3f}")
@@ -95,7 +120,7 @@ def violations(result: Any, strategy: str) -> list[str]:
             if c.moved_bins != owned:
                 out.append(f"change {c.index}: moved {len(c.moved_bins)} bins, the leaving "
                            f"worker owned {len(owned)}")
-            if strategy == "all-at-once" and \
+            if strategy == "all-at-once" and c.total_bytes and \
                     c.moved_bytes != sum(c.sender_bytes.get(w, 0) for w in leaving):
                 out.append(f"change {c.index}: moved {c.moved_bytes} bytes, the leaving worker "
                            f"held {sum(c.sender_bytes.get(w, 0) for w in leaving)}")
@@ -103,8 +128,7 @@ def violations(result: Any, strategy: str) -> list[str]:
 
 
 def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
-                 durations: dict[tuple[str, str], float], epochs: int,
-                 join: bool = False) -> dict[str, Any]:
+                 durations: dict[tuple[str, str], float], epochs: int) -> dict[str, Any]:
     from tokenflow.nexmark.run import run_query
     from tokenflow.rescale import STRATEGIES
 
@@ -114,13 +138,7 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
     strategy = rng.choice(STRATEGIES)
     expected = references[query]
     options: dict[str, Any] = {"workers": WORKERS, "roster": 2}
-    if join:  # worker processes join and leave; only the driver's wall-clock changes
-        seconds = durations[(query, runtime)]
-        at = sorted(round(rng.uniform(0.0, 0.5) * seconds, 3) for _ in ROSTERS)
-        options = {"workers": 2, "max_workers": WORKERS,
-                   "rescale_schedule": list(zip(at, ROSTERS, strict=True))}
-        when = [f"{a:.2f} s" for a in at]
-    elif i % 2 == 0:
+    if i % 2 == 0:
         points = sorted(rng.sample(range(int(epochs * 0.2), int(epochs * 0.8)), len(ROSTERS)))
         options["rescale_at"] = list(zip(points, ROSTERS, strict=True))
         when = [f"epoch {p}" for p in points]
@@ -145,9 +163,9 @@ def run_schedule(i: int, events: int, references: dict[str, pd.DataFrame],
     return {
         "schedule": i, "query": query, "runtime": runtime, "strategy": strategy,
         "bins": FLUID_BINS if strategy == "fluid" else 4096,
-        "trigger": "epochs" if i % 2 == 0 and not join else "seconds", "when": when,
+        "trigger": "epochs" if i % 2 == 0 else "seconds", "when": when,
         "changes_made": made, "rows": len(result.rows), "same_output": same,
-        "violations": violations(result, strategy), "seconds": round(elapsed, 2),
+        "violations": violations(result.migrations, strategy), "seconds": round(elapsed, 2),
         "fractions": [round(c.share, 4) if c.total_bytes else None for c in result.migrations],
         "moved_over_first_total": [round(c.fraction, 4) if c.total_bytes else None
                                    for c in result.migrations],
@@ -211,6 +229,309 @@ def report(rows: list[dict[str, Any]], args: argparse.Namespace, header: dict[st
     return "\n".join(lines) + "\n"
 
 
+JOIN_BEGIN = "<!-- rescale_nexmark.py --join: begin -->"
+JOIN_END = "<!-- rescale_nexmark.py --join: end -->"
+
+
+def write_report(text: str, join: bool) -> None:
+    """Write ``rescale_nexmark.md``: the ``--join`` section between its markers (replacing
+    an earlier one, else appended), or the rest of the file (keeping the ``--join`` section)."""
+    path = RESULTS / "rescale_nexmark.md"
+    old = path.read_text() if path.exists() else ""
+    if JOIN_BEGIN in old:
+        before, rest = old.split(JOIN_BEGIN, 1)
+        section = JOIN_BEGIN + rest.split(JOIN_END, 1)[0] + JOIN_END + "\n"
+    else:
+        before, section = old, ""
+    if join:
+        section = f"{JOIN_BEGIN}\n{text}{JOIN_END}\n"
+    else:
+        before = text
+    path.write_text(before.rstrip("\n") + "\n\n" + section if section else before)
+
+
+def wc_words(worker: int, epoch: int) -> list[str]:
+    """What feeding worker ``worker`` sends at ``epoch``: half uniform over the vocabulary
+    (many keys, so a third of the bins hold about a third of the state), half skewed."""
+    rng = random.Random(worker * 1_000_003 + epoch)
+    return [f"w{rng.randrange(WC_VOCABULARY)}" if rng.random() < 0.5
+            else f"w{int(rng.paretovariate(1.2)) % 100}" for _ in range(WC_WORDS)]
+
+
+def wc_oracle() -> dict[int, Any]:
+    """The running counts a plain ``Counter`` gives, per epoch."""
+    sys.path.insert(0, str(HERE.parent / "tests"))
+    from running_counts import running_counts
+
+    return running_counts([w for k in range(WC_FEEDERS) for w in wc_words(k, e)]
+                          for e in range(WC_EPOCHS))
+
+
+def wc_job(bins: int, slots: int) -> Any:
+    """The running word count: workers ``0..WC_FEEDERS-1`` feed one epoch per ``WC_PACE``
+    seconds into a ``megaphone_fold``; a worker that joined feeds nothing.  Each worker
+    returns its output by time and its ``report.collect`` part."""
+
+    def run(worker: Any) -> dict[str, Any]:
+        from tokenflow.rescale import megaphone_fold
+        from tokenflow.rescale.report import collect
+        from tokenflow.state.bins import RoutingTable
+
+        initial = RoutingTable(RoutingTable.even(WC_FEEDERS, bins).owners, range(slots))
+
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
+                                    initial=initial, name="WordCount")
+            return inp, handle, handle.stream.capture()
+
+        inp, handle, capture = worker.dataflow(build)
+        if not worker.joining:
+            for e in range(WC_EPOCHS):
+                for w in wc_words(worker.index, e):
+                    inp.send(w)
+                inp.advance_to(e + 1)
+                deadline = time.monotonic() + WC_PACE
+                while time.monotonic() < deadline:
+                    worker.step_or_park(0.005)
+        inp.close()
+        worker.step_until_done()
+        return {"out": capture.by_time(), "moved": collect([handle])}
+
+    return run
+
+
+def run_wordcount(runtime: str, strategy: str, bins: int,
+                  schedule: list[tuple[float, int]]) -> dict[str, Any]:
+    """Run the word count on ``runtime`` (rescaled by joins and leaves along ``schedule``
+    when given); its output per time, ``ChangeReport``s and ``RescaleEvent``s."""
+    from collections import Counter
+
+    from tokenflow.job import start
+    from tokenflow.rescale.remote import ScaleDriver
+    from tokenflow.rescale.report import summarize
+    from tokenflow.state.bins import RoutingTable
+
+    slots = WORKERS if schedule else WC_FEEDERS
+    options: dict[str, Any] = {"slots": slots} if schedule else {}
+    if runtime == "spark":
+        options["master"] = f"local[{WORKERS}]"
+    handle = start(wc_job(bins, slots), WC_FEEDERS, runtime, name="wordcount", bins=bins,
+                   **options)
+    driver = ScaleDriver(handle, schedule, strategy).start()
+    try:
+        results = handle.result()
+    finally:
+        driver.stop()
+    out: dict[int, Counter[Any]] = {}
+    for r in results:
+        if r is not None:
+            for t, records in r["out"].items():
+                out.setdefault(t, Counter()).update(records)
+    initial = RoutingTable(RoutingTable.even(WC_FEEDERS, bins).owners, range(slots))
+    parts = [r["moved"] if r is not None else {} for r in results]
+    return {"out": out, "migrations": summarize(parts, initial), "rescales": driver.events}
+
+
+def join_schedule(i: int, references: dict[str, Any],
+                  durations: dict[tuple[str, str], float]) -> dict[str, Any]:
+    """Schedule ``i`` of ``--join`` (see the module docstring): run, compare, check."""
+    from tokenflow.nexmark.run import run_query
+    from tokenflow.rescale import STRATEGIES
+
+    rng = random.Random(1000 + i)
+    workload = JOIN_WORKLOADS[i % len(JOIN_WORKLOADS)]
+    runtime = "spark" if i % 5 in (1, 3) else "process"
+    strategy = rng.choice(STRATEGIES)
+    bins = FLUID_BINS if strategy == "fluid" else 4096
+    seconds = durations[(workload, runtime)]
+    at = sorted(round(rng.uniform(*JOIN_WINDOW) * seconds, 2) for _ in ROSTERS)
+    schedule = list(zip(at, ROSTERS, strict=True))
+    began = time.perf_counter()
+    if workload == "wordcount":
+        run = run_wordcount(runtime, strategy, bins, schedule)
+        same = run["out"] == references[workload]
+        migrations, rescales = run["migrations"], run["rescales"]
+        rows = sum(c.total() for c in run["out"].values())
+    else:
+        result = run_query(workload, JOIN_EVENTS[workload], generator=generator(),
+                           runtime=runtime, master=f"local[{WORKERS}]" if runtime == "spark"
+                           else None, granularity_ms=GRANULARITY, strategy=strategy,
+                           measure=True, bins=bins, workers=2, max_workers=WORKERS,
+                           rescale_schedule=schedule)
+        expected = references[workload]
+        try:
+            pd.testing.assert_frame_equal(result.rows.reset_index(drop=True),
+                                          expected.reset_index(drop=True), check_dtype=False)
+            same = True
+        except AssertionError:
+            same = False
+        migrations, rescales, rows = result.migrations, result.rescales, len(result.rows)
+    elapsed = time.perf_counter() - began
+    expected_rosters = [[[0, 1], [0, 1, 2]], [[0, 1, 2], [0, 1, 2, 3]],
+                        [[0, 1, 2, 3], [0, 1, 2]], [[0, 1, 2], [0, 1]]]
+    made = [[c.before, c.after] for c in migrations]
+    moved_vs_bound = []
+    for c in migrations:
+        if len(c.after) > len(c.before):
+            moved_vs_bound.append(f"{c.bins} <= {math.ceil(bins / len(c.after))}")
+        else:
+            owned = sum(len(c.owned_before.get(w, [])) for w in set(c.before) - set(c.after))
+            moved_vs_bound.append(f"{c.bins} {'=' if c.bins == owned else '!='} {owned}")
+    return {
+        "schedule": i, "query": workload, "runtime": runtime, "strategy": strategy,
+        "bins": bins, "trigger": "seconds", "when": [f"{a:.2f} s" for a in at],
+        "asked_at": [round(e.seconds, 2) for e in rescales],
+        "scaled": [e.workers for e in rescales if e.error is None],
+        "errors": [e.error for e in rescales if e.error],
+        "changes_made": len(migrations),
+        "rosters_as_expected": made == expected_rosters[:len(made)],
+        "rows": rows, "same_output": same, "seconds": round(elapsed, 2),
+        "violations": violations(migrations, strategy, bins),
+        "bins_moved": moved_vs_bound,
+        "fractions": [round(c.share, 4) if c.total_bytes else None for c in migrations],
+        "rosters": made,
+        "moved_bytes": [c.moved_bytes for c in migrations],
+        "total_bytes": [c.total_bytes for c in migrations],
+    }
+
+
+def join_report(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
+    """The ``--join`` section of ``rescale_nexmark.md``."""
+    n = len(rows)
+    same = sum(r["same_output"] for r in rows)
+    clean = sum(not r["violations"] and r["rosters_as_expected"] for r in rows)
+    complete = sum(r["changes_made"] == len(ROSTERS) and len(r["scaled"]) == len(ROSTERS)
+                   for r in rows)
+    lines = [
+        "## Worker processes joining and leaving: q4, q5, q8 and a running word count",
+        "",
+        f"Run {header['when']} on {header['machine']} (load average {header['load']} at the "
+        f"start, {header.get('load_end', '?')} at the end; the batch ran under `nice -n 19` "
+        f"next to other measurements), `benchmarks/rescale_nexmark.py --join --schedules {n}`. "
+        + header["provenance"],
+        "",
+        "The job starts 2 workers (process runtime: processes; Spark `local[4]`: barrier "
+        "tasks) in 4 slots; at four random seconds the driver scales it 2 -> 3 -> 4 -> 3 -> 2 "
+        "(`JobHandle.scale`: a worker process or a one-task Spark stage joins, is bootstrapped "
+        "and gets its share of the bins; a leaving one hands its bins back and exits).  Events: "
+        + ", ".join(f"{q} {e:,}" for q, e in JOIN_EVENTS.items())
+        + f" (20,000 events/s of event time, epochs of {GRANULARITY} ms, 10,000 auctions in "
+        f"flight); the word count: {WC_FEEDERS} workers feed {WC_WORDS} words each per epoch, "
+        f"{WC_EPOCHS} epochs at {WC_PACE} s, vocabulary {WC_VOCABULARY:,}.  References: the "
+        "ordinary (non-migrating) build on the thread runtime for the queries, a `Counter`'s "
+        "running counts for the word count.  Changes asked at random seconds between "
+        f"{JOIN_WINDOW[0]:.0%} and {JOIN_WINDOW[1]:.0%} of a run without rescaling on the same "
+        "runtime (" + ", ".join(f"{k} {s:.1f} s" for k, s in
+                                sorted(header["durations"].items())) + "); each change waits "
+        "for the one before.",
+        "",
+        f"* **Output identical to the reference: {same} of {n} schedules.**",
+        f"* All four changes completed while the job ran: {complete} of {n}.",
+        f"* Rosters 2 -> 3 -> 4 -> 3 -> 2 and move bounds held (scale-out to W+1: at most "
+        f"ceil(S/(W+1)) of the S bins, all to the newcomer, <= 1/(W+1) + 2 % of the state "
+        f"bytes for the queries; scale-in: exactly the leaving worker's bins, with all-at-once "
+        f"exactly its bytes): {clean} of {n}.",
+        "",
+        "| workload | runtime | schedules | identical | all four changes |",
+        "|---|---|---|---|---|",
+    ]
+    for w in JOIN_WORKLOADS:
+        for rt in ("process", "spark"):
+            sel = [r for r in rows if r["query"] == w and r["runtime"] == rt]
+            if sel:
+                lines.append(f"| {w} | {rt} | {len(sel)} | {sum(r['same_output'] for r in sel)}"
+                             f" | {sum(r['changes_made'] == len(ROSTERS) for r in sel)} |")
+    lines += ["", "Changes at: the seconds asked (after the job started) -> the seconds each "
+              "scale began (each waits for the one before).  Bins moved vs bound per change "
+              "(scale-out `moved <= ceil(S/(W+1))`, scale-in `moved = the leaving worker's`); "
+              "fraction: the share of the state's bytes moved.", "",
+              "| # | workload | runtime | strategy | bins | changes asked at | scales began at "
+              "| changes completed | identical | bins moved vs bound | fraction of bytes | "
+              "bounds | s |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        bounds = "ok" if not r["violations"] and r["rosters_as_expected"] else \
+            "; ".join(r["violations"]) or "rosters differ"
+        fractions = ", ".join("-" if f is None else f"{f:.3f}" for f in r["fractions"])
+        lines.append(
+            f"| {r['schedule']} | {r['query']} | {r['runtime']} | {r['strategy']} | {r['bins']:,}"
+            f" | {', '.join(r['when'])} | {', '.join(f'{a:.2f}' for a in r['asked_at'])} | "
+            f"{r['changes_made']} of 4 | {'yes' if r['same_output'] else '**NO**'} | "
+            f"{'; '.join(r['bins_moved'])} | {fractions} | {bounds} | {r['seconds']} |")
+    if any(r["errors"] for r in rows):
+        lines += ["", "Errors: " + "; ".join(f"schedule {r['schedule']}: {e}" for r in rows
+                                              for e in r["errors"])]
+    return "\n".join(lines) + "\n"
+
+
+def run_join(args: argparse.Namespace, header: dict[str, Any]) -> None:
+    """``--join``: references, durations, then the schedules (saved after each)."""
+    from tokenflow.nexmark.run import run_query
+
+    path = RESULTS / "rescale_nexmark_join.json"
+    done: list[dict[str, Any]] = []
+    if args.start:
+        saved = json.loads(path.read_text())
+        done = [r for r in saved["schedules"] if r["schedule"] < args.start]
+        header = saved["header"]
+    indices = range(args.start, args.schedules)
+    wanted = {(JOIN_WORKLOADS[i % len(JOIN_WORKLOADS)],
+               "spark" if i % 5 in (1, 3) else "process") for i in indices}
+    references: dict[str, Any] = {}
+    durations: dict[tuple[str, str], float] = {}
+    if any(rt == "spark" for _, rt in wanted):
+        from tokenflow.spark.session import get_session
+
+        get_session(f"local[{WORKERS}]")  # started before anything is timed
+    try:
+        for w in JOIN_WORKLOADS:
+            runtimes = sorted(rt for ww, rt in wanted if ww == w)
+            if not runtimes:
+                continue
+            if w == "wordcount":
+                references[w] = wc_oracle()
+            else:
+                references[w] = run_query(w, JOIN_EVENTS[w], generator=generator(), workers=2,
+                                          granularity_ms=GRANULARITY).rows
+            for rt in runtimes:  # how long a run lasts without rescaling (and its output)
+                began = time.perf_counter()
+                if w == "wordcount":
+                    same = run_wordcount(rt, "batched", 4096, [])["out"] == references[w]
+                else:
+                    plain = run_query(w, JOIN_EVENTS[w], generator=generator(), workers=2,
+                                      runtime=rt, master=f"local[{WORKERS}]" if rt == "spark"
+                                      else None, granularity_ms=GRANULARITY)
+                    same = plain.rows.reset_index(drop=True).equals(
+                        references[w].reset_index(drop=True))
+                durations[(w, rt)] = time.perf_counter() - began
+                print(f"reference {w} on {rt}: {durations[(w, rt)]:.2f} s, same output {same}",
+                      flush=True)
+        header.setdefault("durations", {})
+        header["durations"].update({f"{w} {rt}": round(s, 2) for (w, rt), s in durations.items()})
+        results = list(done)
+        for i in indices:
+            r = join_schedule(i, references, durations)
+            results.append(r)
+            print(f"schedule {i}: {r['query']} {r['runtime']} {r['strategy']} at {r['when']} "
+                  f"(began {r['asked_at']}): same output {r['same_output']}, "
+                  f"{r['changes_made']} changes, bins {r['bins_moved']}, violations "
+                  f"{r['violations'] or 'none'}, errors {r['errors'] or 'none'} "
+                  f"({r['seconds']} s)", flush=True)
+            header["load_end"] = " / ".join(f"{x:.1f}" for x in os.getloadavg())
+            if not args.no_write:
+                path.write_text(json.dumps({"header": header, "schedules": results}, indent=1))
+    finally:
+        if any(rt == "spark" for _, rt in wanted):
+            from tokenflow.spark.session import stop_session
+
+            stop_session()
+    text = join_report(results, header)
+    print(text)
+    if not args.no_write:
+        write_report(text, join=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", type=int, default=50)
@@ -219,27 +540,37 @@ def main() -> None:
     parser.add_argument("--report-only", action="store_true",
                         help="Rewrite the report from the saved JSON (no runs).")
     parser.add_argument("--join", action="store_true",
-                        help="Worker processes join and leave the running query (2 started, "
-                             "4 slots); results in rescale_nexmark_join.*")
+                        help="Worker processes join and leave the running job (2 started, "
+                             "4 slots); q4, q5, q8 and a running word count; a section of "
+                             "rescale_nexmark.md")
+    parser.add_argument("--start", type=int, default=0,
+                        help="--join: go on from this schedule (keeping the saved ones before)")
     args = parser.parse_args()
-    stem = "rescale_nexmark_join" if args.join else "rescale_nexmark"
     if args.report_only:
-        saved = json.loads((RESULTS / f"{stem}.json").read_text())
-        args.schedules, args.events = len(saved["schedules"]), saved["events"]
-        text = report(saved["schedules"], args, saved["header"])
+        if args.join:
+            saved = json.loads((RESULTS / "rescale_nexmark_join.json").read_text())
+            text = join_report(saved["schedules"], saved["header"])
+        else:
+            saved = json.loads((RESULTS / "rescale_nexmark.json").read_text())
+            args.schedules, args.events = len(saved["schedules"]), saved["events"]
+            text = report(saved["schedules"], args, saved["header"])
         print(text)
-        (RESULTS / f"{stem}.md").write_text(text)
+        write_report(text, args.join)
         return
     warnings.simplefilter("ignore")
-    from tokenflow.nexmark.run import epoch_plan, run_query
-
+    RESULTS.mkdir(exist_ok=True)
     sys.path.insert(0, str(HERE))
     from _provenance import provenance
 
-    header = {"when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-              "provenance": provenance(),
-              "machine": f"{os.cpu_count()} cores",
-              "load": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
+    header: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "provenance": provenance(), "machine": f"{os.cpu_count()} cores",
+        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
+    if args.join:
+        run_join(args, header)
+        return
+    from tokenflow.nexmark.run import epoch_plan, run_query
+
     epochs = len(epoch_plan(args.events, generator(), GRANULARITY))
     references: dict[str, pd.DataFrame] = {}
     durations: dict[tuple[str, str], float] = {}
@@ -264,7 +595,7 @@ def main() -> None:
     results = []
     try:
         for i in range(args.schedules):
-            r = run_schedule(i, args.events, references, durations, epochs, args.join)
+            r = run_schedule(i, args.events, references, durations, epochs)
             results.append(r)
             print(f"schedule {i}: {r['query']} {r['runtime']} {r['strategy']} at {r['when']}: "
                   f"same output {r['same_output']}, {r['changes_made']} changes, "
@@ -278,10 +609,9 @@ def main() -> None:
     text = report(results, args, header)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"{stem}.md").write_text(text)
-        (RESULTS / f"{stem}.json").write_text(
+        (RESULTS / "rescale_nexmark.json").write_text(
             json.dumps({"header": header, "events": args.events, "schedules": results}, indent=1))
+        write_report(text, join=False)
 
 
 if __name__ == "__main__":
