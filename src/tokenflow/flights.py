@@ -536,10 +536,11 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
 
     Args:
         workers: number of workers.
-        runtime: ``thread``, ``process`` or ``spark``.  On ``spark`` the input is a Spark
-            DataFrame made from the table (``tokenflow.spark.session.get_session``), whose
-            partitions feed the workers; elsewhere a replayable source over ``SPLITS``
-            W-independent splits of the table (``flights_job``).
+        runtime: ``thread``, ``process`` or ``spark``.  On ``spark`` the table is the job
+            input ``flights``, carried to the workers as Arrow (``execute(inputs=...)``,
+            ``tokenflow.spark.inputs.arrow_frame``: worker ``i`` reads Spark partition ``i``);
+            elsewhere a replayable source over ``SPLITS`` W-independent splits of the table
+            (``flights_job``).
         output: a directory; when given, the job writes ``output/hourly`` as a committed
             Parquet dataset (``to_parquet`` after ``by_month``: ``hourly/time=<month's last
             hour, ms>/part-<k>.parquet``, columns of ``HOURLY_SCHEMA``; each month replaces the
@@ -576,7 +577,6 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
     hourly = None
     if output is not None:
         hourly = os.path.abspath(os.path.join(os.fspath(output), "hourly"))
-    data: Any = table
     options: dict[str, Any] = {}
     dataframe = runtime == "spark" and checkpoint is None
     if runtime == "spark":
@@ -584,8 +584,7 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
     if dataframe:
         from tokenflow.spark.session import get_session
 
-        spark = get_session(master or f"local[{workers}]")
-        data = spark.createDataFrame(table.to_pandas())
+        options["spark"] = get_session(master or f"local[{workers}]")  # started before timing
     if report_to is not None:
         options["report_to"] = report_to
 
@@ -593,7 +592,7 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
 
     start = time.perf_counter()
     if dataframe:
-        options.update(inputs={"flights": data}, sort_by={"flights": "time_hour"})
+        options.update(inputs={"flights": table}, sort_by={"flights": "time_hour"})
     if checkpoint is not None:
         from tokenflow.recovery import CheckpointedJob
 

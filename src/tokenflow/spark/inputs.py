@@ -1,25 +1,151 @@
-"""Worker-side access to the Spark partition of each named input (see ``runtime``)."""
+"""Worker-side access to the Spark partition of each named input (see ``runtime``), and the
+driver-side frame that carries local Arrow tables to the workers (``arrow_frame``).
+
+Two frame layouts reach a task (``split_inputs`` tells them apart by their columns):
+
+- *Spark DataFrames* (``runtime._input_frame``): one row per input row, columns prefixed per
+  input (``__tf<k>_<column>``) plus the input tag; repartitioned by a hash of every column.
+- *Local Arrow tables* (``arrow_frame``): one row per Arrow IPC stream of up to
+  ``CHUNK_ROWS`` rows (columns ``IPC_COLUMNS``).  The driver deals rows to workers
+  round-robin by position (``tokenflow.inputs.partition_inputs``, so worker ``i`` reads the
+  same rows as on the thread and process runtimes) and sorts each share by its time column;
+  Spark moves only ``W × chunks`` binary rows, so a table crosses the JVM as Arrow buffers
+  without a per-row conversion, a row-level shuffle or a sort.
+"""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
+WORKER = "__tf_worker"
+"""``arrow_frame``: the worker a chunk is for (int32; checked by the task reading it)."""
+KEY = "__tf_key"
+"""``arrow_frame``: the key Spark hashes to pick the partition (chosen so worker ``i``'s
+chunks land in partition ``i``; int64)."""
+SEQ = "__tf_seq"
+"""``arrow_frame``: the chunk's position in its worker's share of its input (int64)."""
+IPC = "__tf_ipc"
+"""``arrow_frame``: one Arrow IPC stream (binary) holding one record batch of the input."""
+CHUNK_ROWS = 65536
+"""Rows per IPC stream of ``arrow_frame`` (a binary value must stay under 2 GiB)."""
+
+
+def is_local_table(value: Any) -> bool:
+    """True for the inputs ``arrow_frame`` carries: a ``pa.Table``, a ``pa.RecordBatch`` or a
+    pandas DataFrame (anything else is taken as a Spark DataFrame)."""
+    return isinstance(value, pa.Table | pa.RecordBatch) or \
+        type(value).__module__.startswith("pandas")
+
+
+_KEYS: dict[int, tuple[int, ...]] = {}
+
+
+def _partition_keys(spark: Any, workers: int) -> tuple[int, ...]:
+    """Per worker ``i``, the least int64 key that ``repartition(workers, key)`` sends to
+    partition ``i`` (Spark's ``pmod(hash(key), workers)``, computed by Spark itself).
+
+    Raises:
+        RuntimeError: when no key below ``64 * workers`` hashes to some partition.
+    """
+    if workers in _KEYS:
+        return _KEYS[workers]
+    rows = spark.range(0, 64 * workers).selectExpr(f"pmod(hash(id), {workers}) AS p", "id") \
+        .groupBy("p").min("id").collect()
+    keys = {int(r[0]): int(r[1]) for r in rows}
+    missing = [i for i in range(workers) if i not in keys]
+    if missing:
+        raise RuntimeError(f"no key hashes to partitions {missing} of {workers}")
+    _KEYS[workers] = tuple(keys[i] for i in range(workers))
+    return _KEYS[workers]
+
+
+def _ipc(batch: pa.RecordBatch) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def arrow_frame(spark: Any, inputs: dict[str, Any], workers: int,
+                sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
+    """A DataFrame of ``workers`` partitions that hands each worker its share of local tables.
+
+    Args:
+        spark: the SparkSession.
+        inputs: input name -> ``pa.Table``, ``pa.RecordBatch`` or pandas DataFrame.
+        workers: the number of partitions (= workers).
+        sort_by: input name -> the column its shares are sorted by (ascending, stable).
+
+    Returns:
+        ``(frame, layout)``: the frame's partition ``i`` holds worker ``i``'s chunks
+        (columns ``__tf_input`` (input index, int), ``WORKER``, ``KEY``, ``SEQ``, ``IPC``; sorted by
+        input and ``SEQ``), and per input ``(name, its columns)``.  Which rows worker ``i``
+        gets depends only on the table and ``workers`` (round-robin by position), never on
+        the run.
+
+    Raises:
+        KeyError: a ``sort_by`` column missing from its input.
+        RuntimeError: see ``_partition_keys``.
+    """
+    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+
+    from tokenflow.inputs import as_table, partition_inputs
+    from tokenflow.spark.runtime import TAG
+
+    tables = {name: as_table(value, name) for name, value in inputs.items()}
+    shares = partition_inputs(tables, workers, sort_by, batch_rows=CHUNK_ROWS)
+    keys = _partition_keys(spark, workers)
+    tag, owner, key, seq, blob = [], [], [], [], []
+    for i, share in enumerate(shares):
+        for k, name in enumerate(tables):
+            for j, batch in enumerate(share[name]):
+                tag.append(k)
+                owner.append(i)
+                key.append(keys[i])
+                seq.append(j)
+                blob.append(_ipc(batch))
+    schema = pa.schema([(TAG, pa.int32()), (WORKER, pa.int32()), (KEY, pa.int64()),
+                        (SEQ, pa.int64()), (IPC, pa.binary())])
+    # One record batch per chunk: Spark sends the table batch by batch, and a binary array
+    # of several chunks could pass its 2 GiB limit.
+    chunks = pa.Table.from_batches(
+        [pa.record_batch([[t], [o], [k], [j], [b]], schema=schema)
+         for t, o, k, j, b in zip(tag, owner, key, seq, blob, strict=True)], schema=schema)
+    layout = [(name, list(table.column_names)) for name, table in tables.items()]
+    frame = spark.createDataFrame(chunks).repartition(workers, F.col(KEY)) \
+        .sortWithinPartitions(TAG, SEQ)
+    return frame, layout
+
 
 def split_inputs(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list[str]]],
-                 tag: str) -> dict[str, Any]:
+                 tag: str, partition: int | None = None) -> dict[str, Any]:
     """Map input name → iterable of this worker's Arrow batches (original column names).
 
     With one input the partition streams lazily; with several, rows are grouped by input in
     memory first (the partition is sorted by input tag, so each input is one contiguous run).
+    A partition of ``arrow_frame`` is decoded chunk by chunk; ``partition`` (default: the
+    running Spark task's partition, if any) is checked against each chunk's ``WORKER``.
+
+    Raises:
+        RuntimeError: (while reading) an ``arrow_frame`` chunk that belongs to another
+            partition.
     """
     if not layout:
         for _ in batches:
             pass
         return {}
+    batches = iter(batches)
+    first = next(batches, None)
+    if first is None:
+        return {name: _OneShot(iter(())) for name, _ in layout}
+    batches = itertools.chain([first], batches)
+    if IPC in first.schema.names:
+        return _split_chunks(batches, layout, tag, partition)
     if len(layout) == 1:
         name, cols = layout[0]
         return {name: _OneShot(_select(batches, 0, cols))}
@@ -32,6 +158,41 @@ def split_inputs(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list
                 grouped[k].append(part)
     return {name: _OneShot(_select(iter(grouped[k]), k, cols))
             for k, (name, cols) in enumerate(layout)}
+
+
+def _task_partition() -> int | None:
+    try:
+        from pyspark import TaskContext
+    except ImportError:  # pragma: no cover - pyspark is there when a task runs
+        return None
+    context = TaskContext.get()
+    return None if context is None else int(context.partitionId())
+
+
+def _split_chunks(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list[str]]],
+                  tag: str, partition: int | None) -> dict[str, Any]:
+    """``split_inputs`` for a partition of ``arrow_frame``: decode the IPC chunks in order."""
+    expected = _task_partition() if partition is None else partition
+
+    def decoded(rows: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        for rowset in rows:
+            owners = set(rowset.column(WORKER).to_pylist())
+            if expected is not None and owners != {expected}:
+                raise RuntimeError(f"partition {expected} holds chunks for workers "
+                                   f"{sorted(owners)}: Spark did not keep arrow_frame's "
+                                   f"partitioning")
+            for k, blob in zip(rowset.column(tag).to_pylist(), rowset.column(IPC).to_pylist(),
+                               strict=True):
+                for batch in pa.ipc.open_stream(blob):
+                    if batch.num_rows:
+                        yield k, batch
+
+    if len(layout) == 1:
+        return {layout[0][0]: _OneShot(b for _, b in decoded(batches))}
+    grouped: dict[int, list[pa.RecordBatch]] = {k: [] for k in range(len(layout))}
+    for k, batch in decoded(batches):
+        grouped[k].append(batch)
+    return {name: _OneShot(iter(grouped[k])) for k, (name, _) in enumerate(layout)}
 
 
 def _select(batches: Iterator[pa.RecordBatch], k: int, cols: list[str]) -> Iterator[pa.RecordBatch]:

@@ -132,19 +132,27 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
 
 def _input_frame(spark: Any, inputs: dict[str, Any], workers: int,
                  sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
-    """One DataFrame with all inputs, columns prefixed per input and a tag column, split into
-    ``workers`` partitions by a hash of every column (reproducible: the same rows go to the same
-    partition on every run, unlike a round-robin ``repartition(W)``, whose assignment depends on
-    the order Spark reads the input in) and sorted by each input's time column within
-    partitions."""
+    """One DataFrame with all inputs in ``workers`` partitions, partition ``i`` for worker ``i``.
+
+    When every input is a local table (Arrow or pandas), ``tokenflow.spark.inputs.arrow_frame``:
+    the driver splits and sorts them and Spark carries Arrow IPC chunks.  Otherwise one frame
+    with columns prefixed per input and a tag column, split by a hash of every column
+    (reproducible: the same rows go to the same partition on every run, unlike a round-robin
+    ``repartition(W)``, whose assignment depends on the order Spark reads the input in) and
+    sorted by each input's time column within partitions."""
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
+    from tokenflow.inputs import as_table
+    from tokenflow.spark.inputs import arrow_frame, is_local_table
+
+    if all(is_local_table(df) for df in inputs.values()):
+        return arrow_frame(spark, inputs, workers, sort_by)
     frames = []
     layout: list[tuple[str, list[str]]] = []
     order = [F.col(TAG)]
     for k, (name, df) in enumerate(inputs.items()):
-        if isinstance(df, pa.Table):
-            df = spark.createDataFrame(df.to_pandas())
+        if is_local_table(df):  # next to a Spark DataFrame: Arrow straight to Spark
+            df = spark.createDataFrame(as_table(df, name))
         cols = list(df.columns)
         layout.append((name, cols))
         frames.append(df.select(F.lit(k).alias(TAG),
