@@ -371,9 +371,20 @@ def run(
     if checkpoint is not None:
         from tokenflow.state.bins import DEFAULT_BINS
 
+        if max_workers is not None and max_workers > workers:
+            _fail("--max-workers cannot be combined with --checkpoint: workers joining and "
+                  "leaving are not checkpointed", 2)
+        if strategy not in STRATEGY_NAMES:
+            _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
+        try:  # a schedule moves the state of the job's migrating operators between checkpoints
+            steps = parse_rescale_schedule(rescale_schedule, workers) if rescale_schedule else []
+        except ValueError as exc:
+            _fail(f"bad --rescale-schedule: {exc}", 2)
         definition = {"target": _absolute_target(target), "cwd": os.getcwd(), "workers": workers,
                       "runtime": runtime.value, "master": master, "name": name or target,
                       "interval": interval, "bins": DEFAULT_BINS}
+        if steps:
+            definition.update(rescale_schedule=[list(x) for x in steps], strategy=strategy)
         _run_checkpointed(fn, checkpoint, definition, workers=workers, timeout=timeout, quiet=quiet,
                           restore=False)
         return
@@ -633,7 +644,9 @@ def _run_checkpointed(fn: Callable[..., Any], directory: Path, definition: dict[
         job = CheckpointedJob(fn, workers, runtime.value, checkpoint=root,
                               interval=definition["interval"], name=definition["name"],
                               bins=definition["bins"], restore=restore, coordinator=coordinator,
-                              **options)
+                              rescale_schedule=[(float(a), int(n)) for a, n in
+                                                definition.get("rescale_schedule", [])],
+                              strategy=definition.get("strategy", "batched"), **options)
     except ValueError as exc:
         coordinator.close()
         _fail(str(exc), 2)

@@ -28,11 +28,13 @@ Commands (driver -> workers) and replies (workers -> driver):
     nobody blocks yet).
 ``drain``
     (once every worker is paused) the worker steps until it has nothing to do, then replies
-    ``idle`` with its ``Traffic`` counters (``sent``, ``received``) — and waits, not stepping,
-    for the verdict:
+    ``idle`` with its ``Traffic`` counters (``sent``, ``received``) and ``settled`` (false
+    while one of its migrating operators has a move at a time ``<=`` the epoch still to send,
+    or records at such times still to route, ``tokenflow.rescale``) — and waits, not
+    stepping, for the verdict:
 ``continue``
-    not quiescent yet (the job's records sent and received differ): step and reply ``idle``
-    again.
+    not quiescent yet (the job's records sent and received differ, or a worker is not
+    settled): step and reply ``idle`` again.
 ``snapshot`` ``root``, ``job``, ``epoch``, ``previous``, ``resume``
     capture this worker's part of the snapshot (``tokenflow.state.snapshot``: every declared
     state's bins changed since the committed snapshot at epoch ``previous``, or all of them,
@@ -236,6 +238,16 @@ class ControlAgent:
         if self.draining and self._paused(worker) and worker.activations.is_empty():
             self._report_idle(worker)
 
+    def _settled(self, worker: Any) -> bool:
+        """No migrating operator of this worker has a move at a time ``<=`` the pause epoch
+        still to send, nor records at such times still to route (``tokenflow.rescale``: a
+        checkpoint's epoch is one where no move is in flight).  An unsettled worker says so
+        in its ``idle`` reply and the driver answers ``continue`` (the move needs other
+        workers' progress, which they send only while they step)."""
+        epoch = self.pause_epoch
+        return epoch is None or all(
+            r.settled(epoch) is None for r in getattr(worker, "rescalers", ()))
+
     def _sources(self, worker: Any) -> list[Any]:
         return list(getattr(worker, "sources", {}).values())
 
@@ -246,7 +258,8 @@ class ControlAgent:
         """Reply ``idle`` and wait, without stepping, for the verdict."""
         self.link.send({"kind": "idle", "worker": worker.index, "epoch": self.pause_epoch,
                         "round": self.round,
-                        "sent": worker.traffic.sent, "received": worker.traffic.received})
+                        "sent": worker.traffic.sent, "received": worker.traffic.received,
+                        "settled": self._settled(worker)})
         message: dict[str, Any] | None = self._await(worker)
         while message is not None:
             message = self._handle(worker, message)
@@ -267,14 +280,23 @@ class ControlAgent:
             self._writer.join()  # one part in flight per worker
         epoch = int(message["epoch"])
         previous = message.get("previous")
+        rescalers = getattr(worker, "rescalers", ())
         if not self._parts and getattr(worker, "restore", None) is not None:
-            self._parts = {int(worker.restore.epoch): worker.restore.entries(worker.index,
-                                                                             worker.routing)}
+            entries = worker.restore.entries(worker.index, worker.routing)
+            for r in rescalers:  # bins owned under the operator's own table: written in full
+                for key in r.states:
+                    entries.pop(key, None)
+            self._parts = {int(worker.restore.epoch): entries}
         base = self._parts.get(int(previous)) if previous is not None else None
         capture = self._changes.capture(getattr(worker, "states", {}), epoch,
                                         None if previous is None else int(previous), base)
         states, changed = capture.tables, capture.changed
-        meta = {"sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
+        meta: dict[str, Any] = {
+            "sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
+        if rescalers:  # each migrating operator's routing table at the epoch
+            from tokenflow.rescale.megaphone import ROUTING_META
+
+            meta[ROUTING_META] = {r.key: r.table_at(epoch).to_json() for r in rescalers if r.key}
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
         since = self._stalled_since
@@ -536,7 +558,7 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
         idle = gather("idle")
         sent = sum(int(r["sent"]) for r in idle.values())
         received = sum(int(r["received"]) for r in idle.values())
-        if sent == received:
+        if sent == received and all(r.get("settled", True) for r in idle.values()):
             phases["idle"] = time.monotonic() - began
             break
         send_all("continue")

@@ -13,7 +13,9 @@ one dictionary lookup.
 
 Points: ``snapshot.part`` (a worker's part: after its blob file, before its index),
 ``snapshot.commit`` (the driver, before a checkpoint's manifest), ``parquet.commit`` (the
-sink's committer, after moving an epoch's files in, before the rename that commits it).
+sink's committer, after moving an epoch's files in, before the rename that commits it),
+``megaphone.move`` (a migrating operator's old owner, after taking a moving bin's state out
+of its own, before sending it: the state is in flight, held by no worker).
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import signal
 
 ENV = "TOKENFLOW_CRASH"
-POINTS = ("snapshot.part", "snapshot.commit", "parquet.commit")
+POINTS = ("snapshot.part", "snapshot.commit", "parquet.commit", "megaphone.move")
 
 _armed: dict[str, str] | None = None
 

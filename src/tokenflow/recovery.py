@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +64,8 @@ class Event:
 
     Attributes:
         kind: ``"checkpoint"``, ``"restart"``, ``"fallback"`` (a checkpoint skipped as
-            unusable), ``"restore"`` (an attempt starts from a checkpoint) or ``"stop"``.
+            unusable), ``"restore"`` (an attempt starts from a checkpoint), ``"rescale"``
+            (a rescale of the schedule) or ``"stop"``.
         at: ``time.time()`` when it happened.
         epoch: the checkpoint's epoch, where there is one.
         detail: a human-readable line.
@@ -170,16 +171,32 @@ class CheckpointedJob:
         margin: epochs a source may still emit beyond its safe point once a periodic
             checkpoint begins (``take_snapshot(margin=)``: sources do not stand still while
             the driver gathers the workers' points); a stopping checkpoint uses 0.
+        rescale_schedule: ``[(seconds after start(), n)]``, increasing: spread the bins of
+            the job's migrating operators (``tokenflow.rescale``) over workers ``0..n-1`` at
+            those times (``JobHandle.rescale``, from the thread that takes the checkpoints,
+            never during one).  After a restart the restored operators route by the table of
+            the checkpoint, the roster asked for last before the failure is asked for again at
+            once, and the rest of the schedule keeps its times (docs/ARCHITECTURE.md,
+            "Elasticity": replaying a step or not does not change the output).
+        strategy: the migration strategy of the schedule's rescales.
 
     Raises (constructor):
         ValueError: ``interval <= 0``, ``keep < 2``, ``restarts < 0`` or ``margin < 0``; a
-            fresh run over a directory that holds checkpoints.
+            fresh run over a directory that holds checkpoints; worker ``slots`` beyond
+            ``workers`` (workers joining and leaving are not checkpointed).
     """
 
     def __init__(self, fn: Callable[[Any], Any], workers: int = 1, runtime: str = "process", *,
                  checkpoint: str | os.PathLike[str], interval: float = 1.0, name: str | None = None,
                  bins: int = DEFAULT_BINS, restarts: int = 3, keep: int = 2, restore: bool = False,
-                 margin: int = 1, **options: Any) -> None:
+                 margin: int = 1, rescale_schedule: Sequence[tuple[float, int]] = (),
+                 strategy: str = "batched", **options: Any) -> None:
+        slots = options.get("slots")
+        if slots is not None and slots > workers:
+            raise ValueError(f"a checkpointed job cannot have worker slots beyond its {workers} "
+                             f"workers (slots={slots}): workers joining and leaving are not "
+                             f"checkpointed (the roster and a joined worker's progress state are "
+                             f"not part of a checkpoint); rescale among the started workers")
         if interval <= 0:
             raise ValueError(f"the checkpoint interval must be > 0 s, got {interval}")
         if keep < 2:
@@ -218,12 +235,21 @@ class CheckpointedJob:
         self._error: BaseException | None = None
         self._attempt: _Attempt | None = None
         self._thread: threading.Thread | None = None
+        self.schedule = sorted((float(at), int(n)) for at, n in rescale_schedule)
+        self.strategy = strategy
+        self.rescales: list[Any] = []
+        """``RescaleEvent``s of the schedule's rescales (and of their repeats after a
+        restart), in order."""
+        self._began = 0.0
+        self._asked: int | None = None  # the roster asked for last (of any attempt)
+        self._next = 0  # the schedule's next entry
 
     # -- control -------------------------------------------------------------------------------
 
     def start(self) -> CheckpointedJob:
         """Start the job (and its checkpoints) in the background; returns ``self``."""
         os.makedirs(self.root, exist_ok=True)
+        self._began = time.monotonic()
         self._thread = threading.Thread(target=self._supervise, daemon=True, name="tokenflow-recovery")
         self._thread.start()
         return self
@@ -306,12 +332,41 @@ class CheckpointedJob:
                            f"worker {exc.worker} failed ({exc}); restart {self.failures} of "
                            f"{self.restarts} from the latest checkpoint", logging.WARNING)
 
+    def _rescale(self, handle: JobHandle, workers: int) -> None:
+        """Ask the job to spread its migrating state over workers ``0..workers-1`` (between
+        two checkpoints: both use the same control connection)."""
+        from tokenflow.rescale.remote import RescaleEvent
+
+        at = time.monotonic() - self._began
+        try:
+            steps = int(handle.rescale(workers, self.strategy))
+            event = RescaleEvent(at, workers, self.strategy, steps, "schedule")
+        except Exception as exc:  # noqa: BLE001 - recorded; a failed job is seen by the loop
+            event = RescaleEvent(at, workers, self.strategy, 0, "schedule",
+                                 f"{type(exc).__name__}: {exc}")
+        self.rescales.append(event)
+        self._note("rescale", None, f"rescale to {workers} workers: "
+                                    f"{event.error or f'{event.steps} steps'}")
+
+    def _follow_schedule(self, handle: JobHandle) -> None:
+        """The schedule's entries that are due (seconds after ``start``)."""
+        while self._next < len(self.schedule) and handle.running and \
+                time.monotonic() - self._began >= self.schedule[self._next][0]:
+            self._asked = self.schedule[self._next][1]
+            self._next += 1
+            self._rescale(handle, self._asked)
+
     def _checkpoint_loop(self, attempt: _Attempt) -> None:
         handle = attempt.handle
+        if self._asked is not None:
+            # restored: the operators route by the checkpoint's table; ask for the roster
+            # asked for last again (the output does not depend on it, the final roster does)
+            self._rescale(handle, self._asked)
         while handle.running:
             deadline = time.monotonic() + self.interval
             while handle.running and not self._wake.is_set() and time.monotonic() < deadline:
                 handle.wait(0.02)  # a job that ends (or fails) is seen at once
+                self._follow_schedule(handle)
             self._wake.clear()
             if not handle.running:
                 return

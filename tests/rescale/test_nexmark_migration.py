@@ -177,8 +177,8 @@ def test_non_elastic_queries_and_bad_rosters_are_refused() -> None:
         run_query("q5", 1_000, workers=2, rescale_at=[(1, 3)])
     with pytest.raises(ValueError, match="strategy"):
         run_query("q5", 1_000, elastic=True, strategy="sideways")
-    with pytest.raises(ValueError, match="checkpoint"):
-        run_query("q5", 1_000, elastic=True, checkpoint="/nonexistent")
+    with pytest.raises(ValueError, match="not checkpointed"):
+        run_query("q5", 1_000, workers=2, max_workers=3, checkpoint="/nonexistent")
 
 
 def test_take_is_export_then_discard() -> None:

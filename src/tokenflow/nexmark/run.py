@@ -226,7 +226,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
             ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, ``master`` without spark,
             ``publish`` without ``catalog``, ``elastic`` for a query without migrating
-            state or with ``checkpoint``, a roster outside ``1..workers``, or an unknown
+            state, ``max_workers`` with ``checkpoint``, a roster outside ``1..workers``, or an unknown
             strategy.
         InputError: ``input`` is missing, not Parquet, lacks a column or has a null
             ``dateTime`` (naming the path, column and row).
@@ -254,9 +254,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         if not getattr(module, "ELASTIC", False):
             raise ValueError(f"{name} has no migrating state (elastic queries: q4, q5, q8)")
-        if checkpoint is not None:
-            raise ValueError("migrating state is not checkpointed yet: elastic queries run "
-                             "without checkpoint")
+        if checkpoint is not None and max_workers is not None and max_workers > workers:
+            raise ValueError("workers joining and leaving (max_workers) are not checkpointed: "
+                             "run without checkpoint, or rescale among the started workers")
         if strategy not in STRATEGIES:
             raise ValueError(f"unknown migration strategy {strategy!r}; choose one of "
                              f"{', '.join(STRATEGIES)}")
@@ -408,9 +408,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         runner = CheckpointedJob(job, workers, runtime, checkpoint=checkpoint,
                                  interval=checkpoint_interval, name=f"nexmark.{name}",
-                                 restore=resume, **options)
+                                 restore=resume, rescale_schedule=rescale_schedule,
+                                 strategy=strategy, **options)
         results = runner.run()
-        checkpoints, failures = runner.stats, runner.failures
+        checkpoints, failures, rescales = runner.stats, runner.failures, runner.rescales
 
     joined = [r for r in results[workers:] if r is not None]  # workers that joined later
     results = results[:workers]  # the workers with the sources: their epochs' times count
@@ -425,7 +426,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     rows = _frame(outputs, columns)
     p50, p99 = (float(np.percentile(latencies, q)) for q in (50, 99)) if latencies else (np.nan, np.nan)
     migrations: list[Any] = []
-    if elastic and initial is not None:
+    if elastic and initial is not None and not failures and not resume:  # (restored: no start)
         from tokenflow.rescale.report import summarize
 
         migrations = summarize([r["moved"] or {} for r in results], initial)

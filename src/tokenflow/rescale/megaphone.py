@@ -26,8 +26,21 @@ consecutive times ahead of the data: *all-at-once* (one step), *fluid* (one bin 
 *batched* (the default: rounds in which each worker sends at most one batch of bins and
 receives at most one).  Only bins whose owner changes move.
 
+**Checkpoints** (docs/ARCHITECTURE.md, "Elasticity", "Checkpoints of migrating operators"):
+a migrating operator registers its state with the worker (S's values and its stash of records
+waiting per time), so a checkpoint exports it per bin like any operator state.  A worker does
+not report itself settled for a checkpoint at epoch ``e`` while its router still has a move at
+a time ``<= e`` to send or records at such times to route (``Controller.settled``): at the
+checkpoint every bin's state is on the owner the routing table in effect at ``e`` names, and
+no move is in flight.  The worker's part
+records that table (``Controller.table_at(e)``, ``ROUTING_META``); a restored operator starts
+from it (rebalanced onto the restored worker count when that differs) with no step pending,
+loads the bins it owns there and re-mints tokens for its stashed times; it sends no step at
+a time below ``e`` (``Controller.floor``).  Jobs whose workers
+join and leave (``tokenflow.membership``) are not checkpointed.
+
 Times: ``int`` (control times are ``data frontier + lead``, consecutive per step).  Records:
-``list`` batches.  Not yet checkpointed: building one in a job that takes checkpoints raises.
+``list`` batches.
 """
 
 from __future__ import annotations
@@ -43,9 +56,10 @@ import pyarrow as pa
 
 from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
-from tokenflow.dataflow.operators.stateful import fold_records
+from tokenflow.dataflow.operators.stateful import PendingRecords, fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
-from tokenflow.dataflow.state import KeyedState, key_bins, pickled
+from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled
+from tokenflow.faults import crash_point
 from tokenflow.state.bins import RoutingTable
 
 if TYPE_CHECKING:
@@ -55,7 +69,9 @@ if TYPE_CHECKING:
 STRATEGIES = ("all-at-once", "fluid", "batched")
 BATCH_BINS = 64
 """Bins per batch of the ``batched`` strategy."""
-
+ROUTING_META = "migrating"
+"""Key of a checkpoint part's metadata holding each migrating operator's routing table at the
+checkpoint's epoch: ``{operator key: RoutingTable.to_json()}`` (``Controller.table_at``)."""
 
 
 @dataclass(frozen=True)
@@ -144,6 +160,20 @@ class Controller:
         self.activate: Callable[[], None] = lambda: None
         self.driving = False
         """True on the worker whose control source sends the steps (worker 0)."""
+        self.floor = 0
+        """No step is sent at a time below it: a restored operator's checkpoint epoch (its
+        restored stash and pending work are at earlier times, on the owners of that table;
+        a move at ``t`` takes only state the old owner's frontier has passed ``t`` for)."""
+        self.key = ""
+        """The operator's stable key (its router's path and name): where a checkpoint part
+        records its routing table (``ROUTING_META``)."""
+        self.states: list[str] = []
+        """Keys of the operator states this worker registered for it (``Worker.states``)."""
+        self.settled: Callable[[int], str | None] = lambda epoch: None
+        """``settled(e)``: why this worker's router is not ready for a checkpoint at epoch
+        ``e`` (a move at a time ``<= e`` not sent yet), or None."""
+        self.table_at: Callable[[int], RoutingTable] = lambda epoch: self.table
+        """``table_at(e)``: the routing table this worker's router has in effect at time ``e``."""
 
     def rescale(self, table: RoutingTable, strategy: str = "batched",
                 batch_bins: int = BATCH_BINS) -> int:
@@ -209,7 +239,8 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
             token = held[0]
             frontier = follow()
             if controller._steps:
-                base = max(token.time, min(frontier) + lead if frontier else token.time)
+                base = max(token.time, controller.floor,
+                           min(frontier) + lead if frontier else token.time)
                 while controller._steps:
                     step, table = controller._steps.popleft()
                     token.downgrade(base)
@@ -320,6 +351,67 @@ Splitter = Callable[[Any, np.ndarray], Iterable[tuple[int, Any]]]
 bin (``owners``: worker per bin, the routing table version in effect at the batch's time)."""
 
 
+def checkpointable(worker: Any, name: str) -> None:
+    """Refuse a migrating operator in a checkpointed or restored job whose workers may join or
+    leave (``tokenflow.membership``): its roster and slots are not part of a checkpoint.
+
+    Raises:
+        NotImplementedError: the job has free worker slots and takes checkpoints or restores.
+    """
+    if getattr(worker, "elastic", False) and (getattr(worker, "input_log", None) is not None
+                                              or getattr(worker, "restore", None) is not None):
+        raise NotImplementedError(
+            f"{name}: a job whose workers join and leave (worker slots beyond its workers) is "
+            f"not checkpointed: the roster and the joined workers' progress state are not part "
+            f"of a checkpoint; run it without free slots to combine rescaling and checkpoints")
+
+
+def restored_table(worker: Any, key: str, table: RoutingTable, peers: int) -> RoutingTable:
+    """The routing table a migrating operator starts from: ``table``, or when the worker
+    restores a checkpoint, the table the operator had at the checkpoint's epoch (the parts'
+    ``ROUTING_META``), rebalanced onto workers ``0..peers-1`` when its roster is another
+    (a restore at another worker count); a checkpoint without it (written by a job without
+    this operator) gives the job's table rebalanced the same way."""
+    snapshot = getattr(worker, "restore", None)
+    if snapshot is None:
+        return table
+    saved = None
+    for w in snapshot.workers:
+        saved = snapshot.worker_meta(w).get(ROUTING_META, {}).get(key)
+        if saved is not None:
+            break
+    restored = RoutingTable.from_json(saved) if saved is not None else table
+    if restored.bins != table.bins:
+        raise ValueError(f"{key}: the checkpoint's routing table has {restored.bins} bins, the "
+                         f"operator {table.bins}")
+    if set(restored.roster) != set(range(peers)) or int(restored.owners.max()) >= peers:
+        restored = restored.rebalanced(range(peers))
+    return restored
+
+
+def register_state(worker: Any, key: str, state: BinnedState, table: RoutingTable) -> None:
+    """Declare a migrating operator's ``state`` with the worker under ``key`` (so checkpoints
+    export it per bin) and attach it to the operator's own ``table``; when restoring, load the
+    bins this worker owns in ``table`` (``Worker.register_state`` does the same with the job's
+    table).
+
+    Raises:
+        ValueError: ``key`` is already declared.
+    """
+    states = getattr(worker, "states", None)
+    owned = table.owned_by(worker.index)
+    state.attach(table.bins, int(owned[0]) if len(owned) else -1)
+    if states is None:
+        return
+    if key in states:
+        raise ValueError(f"worker {worker.index}: operator state {key!r} declared twice")
+    states[key] = state
+    snapshot = getattr(worker, "restore", None)
+    if snapshot is not None:
+        state.load(snapshot.read(key, owned.tolist()))
+        state.mark_unchanged()
+
+
 def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, shared: Shared,
            lead: int = 1, measure: bool = False,
            name: str = "Megaphone") -> tuple[list[Stream], Controller]:
@@ -332,6 +424,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     moving bins away from this worker (every step when ``measure``), F holds a token at ``t``
     on every output until S has applied every record before ``t`` (``shared.applied``), then
     takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners.
+    ``table`` is the operator's table at the start (a restored one, ``restored_table``).
+    The controller's ``settled`` and ``table_at`` answer the checkpoint protocol.
 
     Returns:
         The routed streams (one per input) and the ``Controller`` (registered with the
@@ -354,6 +448,10 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         outs.append(out)
         routed.append(stream)
     me = scope.worker_index
+    controller.key = f"{'.'.join(map(str, builder.core.path))}:{name}"
+    table = controller.table = restored_table(worker, controller.key, table, scope.peers)
+    if getattr(worker, "restore", None) is not None:
+        controller.floor = int(worker.restore.epoch)
 
     def constructor(caps: list[Any]) -> Any:
         for cap in caps:
@@ -362,6 +460,21 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         waiting: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # (input, time) -> token, batches
         sends: list[tuple[int, list[Any], list[Move]]] = []  # (time, tokens, moves from me)
         shared.activate_router = builder.activator()
+
+        def settled(epoch: int) -> str | None:
+            due = [t for t, _, _ in sends if t <= epoch]
+            if due:
+                return f"{name}: worker {me} has {len(due)} moves at times <= {epoch} to send"
+            held = [t for _, t in waiting if t <= epoch]
+            if held:  # records this router holds are in no state: route them first
+                return f"{name}: worker {me} holds records at {min(held)} to route"
+            return None
+
+        def table_at(epoch: int) -> RoutingTable:
+            return RoutingTable(_owners_at(versions, epoch), table.roster)
+
+        controller.settled = settled
+        controller.table_at = table_at
 
         def owns_nothing() -> str | None:  # asked before this worker may leave the job
             owned = int(np.count_nonzero(versions[-1][1] == me))
@@ -434,6 +547,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     continue  # S has not applied every record before t yet
                 total = shared.size() if measure else 0
                 parts = shared.take([m.bin for m in moves]) if moves else {}
+                if moves:
+                    crash_point("megaphone.move")  # taken out here, not yet sent: in flight
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 for m in moves:
                     if m.bin in parts:
@@ -472,19 +587,21 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
         A ``MegaphoneHandle``: ``stream`` (the outputs), ``controller`` (call ``rescale`` on
         worker 0), ``moved`` and ``state``.
 
+    Checkpoints: the values (a ``KeyedState``) and the records waiting per time (a
+    ``PendingRecords``) are registered with the worker as ``<S's path>:<name>.State/values``
+    and ``.../pending``; restored, the operator starts from the checkpoint's routing table
+    (``initial`` is then ignored) and holds a token per waiting time (module notes).
+
     Raises:
-        NotImplementedError: the job takes checkpoints (migrating operators are not
-            checkpointed yet).
+        NotImplementedError: the job has free worker slots (workers join and leave) and takes
+            checkpoints or is restored (``checkpointable``).
     """
     scope = stream.scope
     worker = scope.worker
-    if getattr(worker, "input_log", None) is not None:
-        raise NotImplementedError(f"{name}: migrating operators are not checkpointed yet; run "
-                                  f"the job without checkpoints")
+    checkpointable(worker, name)
     table = initial or worker.routing or RoutingTable.even(scope.peers)
     get_key = key if key is not None else (lambda r: r[0])
     state: KeyedState[Any, Any] = KeyedState()
-    state.attach(table.bins, -1)
     shared = Shared(take=state.take)
     pickled({})  # pyarrow imports pandas on its first table: not in the first migration step
     peers = getattr(worker, "slots", scope.peers)  # joining workers take free slots
@@ -495,34 +612,43 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
         routes = targets.astype(np.uint8).tobytes() if peers <= MASKED_PEERS else targets.tolist()
         return partition_list(records, routes, peers)
 
-    (routed,), controller = router([stream], [split], table, shared, lead, name=name)
-
     # -- S: the state ----------------------------------------------------------------------
+    stash = PendingRecords(get_key, None)
+    (routed,), controller = router([stream], [split], table, shared, lead, name=name)
     state_op = OperatorBuilder(f"{name}.State", scope)
     state_in = state_op.new_input(routed, ByTarget())
     out, outputs = state_op.new_output()
+    prefix = f"{'.'.join(map(str, state_op.core.path))}:{name}.State"
+    owners = controller.table
+    register_state(worker, f"{prefix}/values", state, owners)
+    register_state(worker, f"{prefix}/pending", stash, owners)
+    controller.states = [f"{prefix}/values", f"{prefix}/pending"]
 
     def state_constructor(caps: list[Any]) -> Any:
+        # a restored stash's times get their tokens from the initial token
+        tokens: dict[int, Any] = {t: caps[0].delayed(t) for t in stash.pending_times()}
         caps[0].drop()
-        pending: dict[int, tuple[Any, list[Any], list[Any]]] = {}  # time -> (token, states, data)
         data = state.data
 
         def logic(frontiers: Any) -> None:
             for ref, batch in state_in:
-                entry = pending.get(ref.time)
-                if entry is None:
-                    entry = pending[ref.time] = (ref.retain(), [], [])
                 for _, kind, payload in batch:
-                    (entry[1] if kind == "s" else entry[2]).append(payload)
+                    if kind == "s":
+                        # moved state is loaded at once: this worker folds no record of the
+                        # bin before it (its frontier stays at the move's time until the old
+                        # owner sent it), so only the values change, never the order
+                        state.load(payload)
+                    else:
+                        if ref.time not in tokens:
+                            tokens[ref.time] = ref.retain()
+                        stash.add(ref.time, payload)
             frontier = state_in.frontier
-            for t in sorted(pending):
+            for t in sorted(tokens):
                 if frontier.less_equal(t):
                     break
-                token, states, parts = pending.pop(t)
-                for tables in states:
-                    state.load(tables)
+                token = tokens.pop(t)
                 with out.session(token) as session:
-                    for part in parts:
+                    for part in stash.pop(t):
                         fold_records(part, data, fold, get_key, key is not None, session)
                 token.drop()
             shared.applied = frontier.frontier()

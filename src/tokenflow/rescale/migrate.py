@@ -39,8 +39,14 @@ the generic operators): declare exactly one state with ``info.state(name, state)
 ``BinnedState`` whose rows are keyed by the inputs' ``columns``), hold its tokens in an object
 with ``adopt``/``release`` and pass it to ``migrates(info, tokens)``, read every input every
 invocation, and mint tokens only at the state's ``pending_times()``.  Times: ``int``.
-Not checkpointed: building a migrating operator in a job that takes checkpoints or is
-restored from a snapshot raises.
+
+Checkpoints: the declared state is registered with the worker (key
+``<operator path>:<name>/<state name>``, as ``OperatorBuilder.state`` names it) under the
+operator's own routing table, so a checkpoint exports it per bin; a worker is not idle for a
+checkpoint at ``e`` while a move at a time ``<= e`` is unsent (``megaphone`` module notes).
+Restored, the operator starts from the table it had at the checkpoint's epoch, ``info.state``
+returns the state with the bins this worker owns there already loaded, and the constructor
+mints its tokens at ``pending_times()`` as it does for an ordinary restore.
 """
 
 from __future__ import annotations
@@ -58,7 +64,15 @@ from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary_frontier, unary_frontier
 from tokenflow.dataflow.routing import column_hashes, partition_arrow
 from tokenflow.dataflow.state import BinnedState
-from tokenflow.rescale.megaphone import ByTarget, MigrationHandle, Shared, Splitter, router
+from tokenflow.rescale.megaphone import (
+    ByTarget,
+    MigrationHandle,
+    Shared,
+    Splitter,
+    checkpointable,
+    register_state,
+    router,
+)
 from tokenflow.state.bins import RoutingTable, bins_of
 
 if TYPE_CHECKING:
@@ -241,15 +255,14 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         drives it; ``moved``: the steps this worker recorded).
 
     Raises:
-        NotImplementedError: the job takes checkpoints or is restored from a snapshot.
+        NotImplementedError: the job has free worker slots (workers join and leave) and takes
+            checkpoints or is restored (``megaphone.checkpointable``).
         ValueError: (when the dataflow is built) the constructor declared no state or no
             tokens, or two states.
     """
     scope = inputs[0].scope
     worker = scope.worker
-    if getattr(worker, "input_log", None) is not None or getattr(worker, "restore", None) is not None:
-        raise NotImplementedError(f"{name}: migrating operators are not checkpointed or restored "
-                                  f"yet; run the job without checkpoints or snapshots")
+    checkpointable(worker, name)
     table = initial or worker.routing or RoutingTable.even(scope.peers)
     migration = Migration()
     released = [False]
@@ -259,8 +272,11 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         if migration.state is not None:
             raise ValueError(f"{name}: a migrating operator holds one state, got a second "
                              f"({state_name!r})")
-        owned = table.owned_by(scope.worker_index)
-        state.attach(table.bins, int(owned[0]) if len(owned) else 0)
+        key = f"{'.'.join(map(str, op.core.path))}:{name}/{state_name}"
+        register_state(worker, key, state, controller.table)  # (the restored table, if any)
+        if state.home_bin < 0:
+            state.home_bin = 0
+        controller.states.append(key)
         migration.state = state
         shared.take = _take(state)
         shared.size = lambda: sum(t.nbytes for t in state.export().values())
