@@ -239,7 +239,8 @@ class CheckpointedJob:
         self.strategy = strategy
         self.rescales: list[Any] = []
         """``RescaleEvent``s of the schedule's rescales (and of their repeats after a
-        restart), in order."""
+        restart), in order; one cut short by the job ending or failing is not recorded (it is
+        asked for again after a restart)."""
         self._began = 0.0
         self._asked: int | None = None  # the roster asked for last (of any attempt)
         self._next = 0  # the schedule's next entry
@@ -342,6 +343,11 @@ class CheckpointedJob:
             steps = int(handle.rescale(workers, self.strategy))
             event = RescaleEvent(at, workers, self.strategy, steps, "schedule")
         except Exception as exc:  # noqa: BLE001 - recorded; a failed job is seen by the loop
+            handle.wait(0.5)
+            if not handle.running:  # the attempt ended or failed meanwhile: not this one's fault
+                self._note("rescale", None, f"rescale to {workers} workers skipped: the job "
+                                            f"ended ({exc}); asked again after a restart")
+                return
             event = RescaleEvent(at, workers, self.strategy, 0, "schedule",
                                  f"{type(exc).__name__}: {exc}")
         self.rescales.append(event)
