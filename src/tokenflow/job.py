@@ -200,17 +200,19 @@ class JobHandle:
         raise ControlError(f"worker 0 did not acknowledge the rescale to {members} "
                            f"within {timeout} s")
 
-    def add_worker(self, timeout: float = 60.0) -> int:
+    def add_worker(self, timeout: float = 60.0, inputs: bool = False) -> int:
         """Start a worker in a free slot and join it to the running job (its progress state
         bootstrapped from a running worker; ``tokenflow.membership``); returns its index.  It
-        owns no bins until a ``rescale`` gives it some.
+        owns no bins until a ``rescale`` gives it some.  With ``inputs``, it is also lent a
+        token for each open ``InputHandle`` at the job's current epoch, so its worker code can
+        feed them (``handle.ready`` turns True); without, it can only close them.
 
         Raises:
             MembershipError: no free slot (``start(..., slots=M)``), or the runtime cannot
                 start workers.
             ControlError: a worker did not answer within ``timeout`` s, or the job ended.
         """
-        from tokenflow.membership import MembershipError, join
+        from tokenflow.membership import MembershipError, join, lend
 
         free = [k for k in range(self.slots) if k not in self._used]
         if not free:
@@ -227,6 +229,8 @@ class JobHandle:
         launch(k, [*self.roster, k])
         join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
         self.roster = sorted([*self.roster, k])
+        if inputs:
+            lend(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
         return k
 
     def remove_worker(self, worker: int, strategy: str = "batched", timeout: float = 60.0) -> None:

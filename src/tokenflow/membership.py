@@ -41,9 +41,19 @@ roster, and since slots are never reused every member is below it and accepts), 
 one-task barrier stage of its own on the job's SparkSession, next to the running stage; the
 master needs a task slot per worker slot).
 
-Not yet: capabilities for a joining worker's own sources (its operators start without tokens,
-so inputs and sources on it cannot produce), nested scopes (iteration) in an elastic job,
-checkpoints of an elastic job, reusing a slot a worker left.
+**Inputs of a joined worker** (``lend``).  The driver asks the roster's first worker, the
+lender, to lend ``k`` its input tokens: between two steps it copies the token of each open
+``InputHandle`` and hands the copy over (its +1 stays in the lender's progress stream), and after
+its next step it sends ``k`` the epochs (``("lent", {key: epoch})``) and the driver the sequence
+numbers of its next batches (``lent``).  ``k``'s handles adopt the tokens and may send at once;
+their releases wait (``LentToken``) until the driver has heard from every worker of the roster,
+the lender and ``k`` included, that it applied the lender's batches below those numbers
+(``applied?`` / ``applied``) and tells ``k`` to ``release``: no worker can then see ``k``'s -1
+before the lender's +1.
+
+Not yet: tokens for a joining worker's built-in sources (file splits, NEXMark blocks stay with
+the starting workers), nested scopes (iteration) in an elastic job, checkpoints of an elastic
+job, reusing a slot a worker left.
 """
 
 from __future__ import annotations
@@ -53,7 +63,8 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any
 
-COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget", "address")
+COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget", "address", "lend", "applied?",
+            "release")
 """Control-plane commands the ``MembershipAgent`` carries out."""
 
 
@@ -76,6 +87,8 @@ class MembershipAgent:
         self._leaving = False
         self._ready = False
         self._farewells: set[int] = set()
+        self._lends: list[tuple[int, dict[str, Any], int]] = []  # (joiner, lent, at step)
+        self._checks: list[tuple[int, dict[int, int]]] = []  # (lender, floors)
         self.served: list[float] = []
         """Seconds each bootstrap this worker served took (between two of its steps)."""
         self.state_bytes: list[int] = []
@@ -109,6 +122,14 @@ class MembershipAgent:
             worker.set_roster(rest, progress=[*rest, leaver])
             worker.send_membership(leaver, ("farewell", worker.index))
             self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
+        elif kind == "lend":  # copies of this worker's input tokens for a joining worker
+            self._lends.append((int(message["joiner"]), worker.lend_inputs(), worker.steps))
+        elif kind == "applied?":  # has this worker applied the lender's batches with the +1?
+            floors = {int(df): int(seq) for df, seq in message["floors"]}
+            self._checks.append((int(message["lender"]), floors))
+        elif kind == "release":  # every worker counts the lent tokens: they may be released
+            worker.release_lent()
+            self.link.send({"kind": "released", "worker": worker.index})
         elif kind == "address":  # where a joining worker dials this one
             mesh = getattr(worker.allocator, "mesh", None)
             address = mesh.addresses[worker.index] if mesh is not None else None
@@ -134,8 +155,33 @@ class MembershipAgent:
             self.link.send({"kind": "joined", "worker": worker.index})
         if self._bootstraps:
             self._serve(worker)
+        if self._lends:
+            self._lent(worker)
+        if self._checks:
+            self._applied(worker)
         if self._leaving:
             self._leave(worker)
+
+    def _lent(self, worker: Any) -> None:
+        """After a step since the copies were made (their +1 is in a batch sent by now): tell
+        the joiner its tokens, and the driver the batches every worker must apply first."""
+        for entry in list(self._lends):
+            joiner, lent, at = entry
+            if worker.steps > at:
+                worker.send_membership(joiner, ("lent", lent))
+                self.link.send({"kind": "lent", "worker": worker.index, "joiner": joiner,
+                                "inputs": sum(at is not None for at in lent.values()),
+                                "floors": [[df, seq] for df, seq
+                                           in worker.progress_sequences().items()]})
+                self._lends.remove(entry)
+
+    def _applied(self, worker: Any) -> None:
+        received = worker.received_batches()
+        for entry in list(self._checks):
+            lender, floors = entry
+            if all(received.get(df, {}).get(lender, 0) >= seq for df, seq in floors.items()):
+                self.link.send({"kind": "applied", "worker": worker.index})
+                self._checks.remove(entry)
 
     def _serve(self, worker: Any) -> None:
         received = worker.received_batches()
@@ -221,6 +267,29 @@ def join(hub: Any, roster: list[int], joiner: int, timeout: float,
     _gather(hub, "joined", [joiner], timeout, alive)
 
 
+def lend(hub: Any, roster: list[int], joiner: int, timeout: float,
+         alive: Callable[[], bool]) -> int:
+    """Give worker ``joiner`` (joined, in ``roster``) a token for each open input: the lender
+    (the roster's first worker) copies its own tokens at their current epochs and hands the
+    copies over; once every worker has applied the lender's progress batches that count them,
+    the joiner may release them.  Returns the number of inputs lent.
+
+    Raises:
+        ControlError: a worker did not answer within ``timeout`` s, or the job ended.
+    """
+    lender = roster[0]
+    hub.send(lender, {"kind": "lend", "joiner": joiner})
+    reply = _gather(hub, "lent", [lender], timeout, alive)[lender]
+    # every worker, the lender too: a worker applies its own batches as it receives them, so
+    # its view may still lack the copy's count when it sees the joiner release the token
+    for w in roster:
+        hub.send(w, {"kind": "applied?", "lender": lender, "floors": reply["floors"]})
+    _gather(hub, "applied", roster, timeout, alive)
+    hub.send(joiner, {"kind": "release"})
+    _gather(hub, "released", [joiner], timeout, alive)
+    return int(reply["inputs"])
+
+
 def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
           alive: Callable[[], bool]) -> None:
     """Drive the departure of worker ``leaver`` from ``roster`` (its state already moved away:
@@ -242,4 +311,4 @@ def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
     _gather(hub, "forgotten", others, timeout, alive)
 
 
-__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "addresses", "join", "leave"]
+__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "addresses", "join", "leave", "lend"]

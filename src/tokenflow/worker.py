@@ -137,6 +137,12 @@ class Worker:
         self.catalog: tuple[str, int, str] | None = None
         """``(host, port, token)`` of the job's publish/subscribe catalog, or None."""
         self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle
+        self.adopters: dict[str, tuple[tuple[int, ...], Callable[[Any], Any]]] = {}
+        """On a joining worker: per input key, the input operator's path and how to make a
+        token lent to it (``InputHandle`` keeps a copy; this one outlives a handle the worker
+        code dropped)."""
+        self._lent: list[tuple[Any, tuple[int, ...]]] = []  # adopted (LentToken, input path)
+        self._lent_released = False
         self.traffic = Traffic()
         self.stopped = False
         """Set by ``stop()``: the control plane ended the job (after a snapshot)."""
@@ -326,6 +332,8 @@ class Worker:
         while (message := self._membership_puller.pull()) is not None:
             if message[0] == "bootstrap":
                 self._bootstrap_state = (message[1], message[2])
+            elif message[0] == "lent":
+                self._adopt_inputs(message[1])
             elif message[0] == "routing":
                 for controller, history in zip(self.rescalers, message[1], strict=True):
                     controller.adopt(history)
@@ -366,6 +374,11 @@ class Worker:
             subgraph.set_copies(len(members))
         return floors
 
+    def progress_sequences(self) -> dict[int, int]:
+        """Per running dataflow, the sequence number of this worker's next progress batch
+        (every batch it sent so far is below it)."""
+        return {index: subgraph.progcaster.sequence for index, subgraph in self._dataflows.items()}
+
     def progress_states(self) -> dict[int, Any]:
         """Per running dataflow, its ``Subgraph.progress_state()`` (between steps)."""
         return {index: subgraph.progress_state() for index, subgraph in self._dataflows.items()}
@@ -389,6 +402,64 @@ class Worker:
             subgraph.bootstrap(received, counts)
             self.activations.activate(subgraph.path)
         self.joining = False
+
+    # -- inputs lent to a joining worker (``tokenflow.membership``) ----------------------------
+
+    def lend_inputs(self) -> dict[str, Any]:
+        """Copy the token of each open ``InputHandle`` of this worker's running dataflows and
+        hand the copies over (counted in this worker's progress stream from its next step on,
+        owned by the joining worker that adopts them); ``{input key: time}``, the time None
+        for an input this worker has closed (the joiner closes it too)."""
+        from tokenflow.dataflow.input import InputHandle
+
+        lent = {}
+        for key, handle in self.sources.items():
+            if not isinstance(handle, InputHandle) or len(handle.path) != 2:
+                continue
+            subgraph = self._dataflows.get(handle.path[0])
+            if subgraph is None:
+                continue
+            at = handle.lend()
+            lent[key] = at
+            if at is not None:
+                subgraph.progcaster.disown((Source(handle.path[1], 0), at))
+        return lent
+
+    def _adopt_inputs(self, lent: dict[str, Any]) -> None:
+        handles = self.sources
+        for key, at in lent.items():
+            entry = self.adopters.get(key)
+            if entry is None:
+                raise RuntimeError(f"worker {self.index}: was lent a token for input {key!r}, "
+                                   "which it does not have (did it build other dataflows?)")
+            path, adopter = entry
+            handle = handles.get(key)
+            if at is None:  # closed on the lender: nothing more comes into it
+                if handle is not None:
+                    handle.close()
+                    handle.ready = True
+                continue
+            if handle is not None:
+                gate = handle.adopt(at)
+            else:  # the worker code dropped the handle: the input is closed here
+                token, gate = adopter(at)
+                token.drop()
+            subgraph = self._dataflows.get(path[0])
+            if subgraph is not None:
+                subgraph.progcaster.own((Source(path[1], 0), at))
+            self._lent.append((gate, path))
+        if self._lent_released:
+            self.release_lent()
+
+    def release_lent(self) -> None:
+        """Let the tokens lent to this worker be released from now on (every worker has
+        applied the lender's count); a token lent later is released at once."""
+        self._lent_released = True
+        for gate, path in self._lent:
+            gate.release()
+            if path:
+                self.activations.activate(path)  # the input reports what was held back
+        self._lent.clear()
 
     def holds_tokens(self) -> list[str]:
         """Tokens this worker's operators hold now, as ``"operator output port at times"``

@@ -5,10 +5,12 @@ test delivers them, in a random order that keeps each sender -> receiver connect
 TCP connection or the thread fabric does).  Each iteration feeds the input of a worker that
 started with the job, steps a random worker, delivers a random message, or advances the
 membership protocol by one action: a worker starts to join (it builds the dataflows and says
-hello), one worker of the roster admits it, the bootstrap server is asked to serve it,
-Megaphone is asked to spread the bins over a roster, a worker is asked to leave, one other
-worker dismisses it.  Every command is carried out by the ``MembershipAgent`` between two of
-its worker's steps, as the control plane does.
+hello), one worker of the roster admits it, the bootstrap server is asked to serve it, worker 0
+is asked to lend the joined worker its input token (then every worker is asked whether it
+applied worker 0's batches that count it, and the joiner is let release it; it feeds its own
+words from the lent epoch), Megaphone is asked to spread the bins over a roster, a worker is
+asked to leave, one other worker dismisses it.  Every command is carried out by the
+``MembershipAgent`` between two of its worker's steps, as the control plane does.
 
 The dataflow: words -> Megaphone running count (bins move to joined workers and back) ->
 capture; the words broadcast to every worker of the roster (copies follow the roster) and
@@ -41,6 +43,8 @@ SLOTS = 5
 FEEDERS = 2
 EPOCHS = 400
 """At most this many epochs per feeder; inputs close once the membership plan is done."""
+JOINER_EPOCHS = 30
+"""Epochs a joined worker with a lent input feeds (from the lent epoch)."""
 BINS = 32
 SEEDS = 40
 LIVENESS_ROUNDS = 60
@@ -140,15 +144,16 @@ class Job:
         self.handles: dict[int, dict[str, Any]] = {}
         self.roster = list(range(FEEDERS))
         self.next_slot = FEEDERS
-        self.epoch = [0] * FEEDERS
-        self.closed = [False] * FEEDERS
+        self.epoch: dict[int, int] = dict.fromkeys(range(FEEDERS), 0)  # next epoch each feeds
+        self.first: dict[int, int] = dict.fromkeys(range(FEEDERS), 0)  # first epoch each fed
+        self.closed: dict[int, bool] = dict.fromkeys(range(FEEDERS), False)
         self.actions: deque[Any] = deque()
         self.commands: dict[int, deque[dict[str, Any]]] = defaultdict(deque)
         self.ever: list[int] = []  # every worker that ran
         for i in range(FEEDERS):
             self.start(i, list(range(FEEDERS)), joining=False)
 
-    def start(self, i: int, roster: list[int], joining: bool) -> None:
+    def start(self, i: int, roster: list[int], joining: bool, lent: bool = False) -> None:
         worker = Worker(self.fabric.allocator(i), RoutingTable.even(FEEDERS, BINS), roster=roster,
                         joining=joining)
         link = Link()
@@ -157,7 +162,7 @@ class Job:
         self.workers[i], self.links[i], self.agents[i] = worker, link, agent
         self.handles[i] = build(worker)
         self.ever.append(i)
-        if joining:
+        if joining and not lent:
             self.handles[i]["input"].close()
 
     def agent_hook(self, i: int) -> Any:
@@ -179,9 +184,12 @@ class Job:
         k = self.next_slot
         self.next_slot += 1
         members = list(self.roster)
+        lent = self.rng.random() < 0.7
 
         def begin() -> bool:
-            self.start(k, [*members, k], joining=True)
+            self.start(k, [*members, k], joining=True, lent=lent)
+            if lent:
+                self.closed[k] = False  # fed once its input holds the lent token
             return True
 
         def greeted() -> bool:
@@ -208,7 +216,38 @@ class Job:
             return False
 
         self.actions.extend([begin, greeted, *admits, all_admitted, bootstrap, joined,
-                             self.rescale_to_roster])
+                             *(self.plan_lend(k) if lent else []), self.rescale_to_roster])
+
+    def plan_lend(self, k: int) -> list[Any]:
+        """Worker 0 lends ``k`` its input token; ``k`` may release it once every other worker
+        applied worker 0's batches up to the floors it reported."""
+        asked: dict[int, int] = {}
+
+        def ask() -> bool:
+            self.commands[0].append({"kind": "lend", "joiner": k})
+            return True
+
+        def lent() -> bool:
+            replies = [r for r in self.replies(0, "lent") if r["joiner"] == k]
+            if not replies:
+                return False
+            for w in self.roster:  # the lender too: it applies its own batches as received
+                asked[w] = len(self.replies(w, "applied")) + 1
+                self.commands[w].append({"kind": "applied?", "lender": 0,
+                                         "floors": replies[0]["floors"]})
+            return True
+
+        def applied() -> bool:
+            return all(len(self.replies(w, "applied")) >= n for w, n in asked.items())
+
+        def release() -> bool:
+            self.commands[k].append({"kind": "release"})
+            return True
+
+        def released() -> bool:
+            return bool(self.replies(k, "released"))
+
+        return [ask, lent, applied, release, released]
 
     def admit(self, w: int, k: int) -> Any:
         def act() -> bool:
@@ -233,6 +272,7 @@ class Job:
             return True
 
         def ask() -> bool:
+            self.feed(k, close=True)  # a worker holding an input token cannot leave
             self.commands[k].append({"kind": "leave"})
             return True
 
@@ -269,10 +309,19 @@ class Job:
     # -- driving ---------------------------------------------------------------------------
 
     def feed(self, i: int, close: bool = False) -> None:
-        if self.closed[i]:
+        if self.closed.get(i, True):
             return
+        if i not in self.epoch:  # a joined worker: from the lent epoch on, once it holds it
+            inp = self.handles[i]["input"]
+            if not inp.ready and not close:
+                return
+            if inp.closed or not inp.ready:
+                inp.close()
+                self.closed[i] = True
+                return
+            self.epoch[i] = self.first[i] = inp.time  # its releases wait for the protocol
         e = self.epoch[i]
-        if close or e == EPOCHS:
+        if close or e == EPOCHS or (i >= FEEDERS and e == self.first[i] + JOINER_EPOCHS):
             self.handles[i]["input"].close()
             self.closed[i] = True
             return
@@ -281,6 +330,12 @@ class Job:
             inp.send(w)
         inp.advance_to(e + 1)
         self.epoch[i] = e + 1
+
+    def feed_any(self) -> None:
+        """Feed one of the open inputs (the feeders', and joined workers' with a lent token)."""
+        open_inputs = [i for i, closed in self.closed.items() if not closed]
+        if open_inputs:
+            self.feed(self.rng.choice(open_inputs))
 
     def running(self) -> list[int]:
         return [i for i, w in self.workers.items() if not w.left]
@@ -298,7 +353,7 @@ class Job:
                 if self.actions[0]():
                     self.actions.popleft()
             elif r < 0.40:
-                self.feed(rng.randrange(FEEDERS))
+                self.feed_any()
             elif r < 0.70:
                 self.step(rng.choice(self.running()))
             else:
@@ -314,9 +369,9 @@ class Job:
             if rng.random() < 0.05:
                 self.fabric.deliver_everything()
             if rng.random() < 0.05:  # migrations complete as the data frontier moves on
-                self.feed(rng.randrange(FEEDERS))
+                self.feed_any()
         assert not self.actions, "the membership protocol did not complete"
-        for i in range(FEEDERS):
+        for i in sorted(self.closed):
             self.feed(i, close=True)
         for _ in range(LIVENESS_ROUNDS):
             self.fabric.deliver_everything()
@@ -337,10 +392,16 @@ def oracle_chained(first: Counter[Any]) -> Counter[Any]:
                                 for _ in range(n)] for e in range(epochs)))
 
 
-def oracle_running(fed: list[int]) -> Counter[Any]:
-    """The running counts of the epochs each feeder fed (``fed[w]`` epochs)."""
-    return flat(running_counts([w for worker in range(FEEDERS) if e < fed[worker]
-                                for w in words(worker, e)] for e in range(max(fed))))
+def fed_words(job: Job, e: int) -> list[str]:
+    """The words of epoch ``e`` every worker fed (feeders from 0, joined ones from the epoch
+    they were lent)."""
+    return [w for worker in sorted(job.epoch) if job.first[worker] <= e < job.epoch[worker]
+            for w in words(worker, e)]
+
+
+def oracle_running(job: Job) -> Counter[Any]:
+    """The running counts of the epochs every worker fed."""
+    return flat(running_counts(fed_words(job, e) for e in range(max(job.epoch.values()))))
 
 
 @pytest.mark.parametrize("seed", range(SEEDS))
@@ -357,7 +418,7 @@ def test_random_joins_and_leaves_are_progress_safe(seed: int) -> None:
             for w, n in records:
                 per_epoch[(w, t)] += 1
                 counted[t] += n
-    assert running == oracle_running(job.epoch)
+    assert running == oracle_running(job)
     chained: Counter[Any] = Counter()
     for i in job.ever:
         for t, records in job.handles[i]["chained"].by_time().items():
@@ -366,7 +427,7 @@ def test_random_joins_and_leaves_are_progress_safe(seed: int) -> None:
     # a per-epoch count is emitted once per worker, when the frontier passed the epoch: it
     # is final; the words broadcast to between FEEDERS and SLOTS workers are all counted
     assert set(per_epoch.values()) == {1}
-    for e in range(max(job.epoch)):
-        total = sum(len(words(w, e)) for w in range(FEEDERS) if e < job.epoch[w])
+    for e in range(max(job.epoch.values())):
+        total = len(fed_words(job, e))
         assert total * FEEDERS <= counted[e] <= total * SLOTS, (e, counted[e], total)
     assert len(job.ever) > FEEDERS  # someone joined

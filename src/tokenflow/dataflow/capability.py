@@ -130,6 +130,19 @@ class Capability:
 
     __copy__ = copy
 
+    def hand_over(self) -> Any:
+        """Give this token to another worker: it stops being valid here *without* being
+        released (the count it added stays, now owned by the worker that adopts it:
+        ``tokenflow.membership`` lends a joining worker its inputs' tokens this way).  Returns
+        its time.
+
+        Raises:
+            CapabilityError: the token was dropped or handed over already.
+        """
+        self._check()
+        self._valid = False
+        return self._time
+
     def drop(self) -> None:
         """Release the token (idempotent)."""
         if self._valid:

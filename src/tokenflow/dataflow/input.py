@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any
 from tokenflow.dataflow.capability import Capability, CapabilityError
 from tokenflow.dataflow.operators.builder import BATCH_SIZE, OperatorBuilder, OperatorOutput
 from tokenflow.order.partial_order import less_equal
+from tokenflow.progress.change_batch import ChangeBatch
 
 if TYPE_CHECKING:
     from tokenflow.dataflow.scope import Scope
@@ -48,6 +49,52 @@ class JobStopped(RuntimeError):
     an input; the runtimes end the worker function quietly when it propagates."""
 
 
+class LentToken(ChangeBatch[Any]):
+    """The bookkeeping of an input token another worker lent this one, a worker that joined a
+    running job (``tokenflow.membership``, "Inputs on a joining worker").
+
+    The lender counted the token (+1 in its progress stream) and handed its copy over, so the
+    token's creation is not counted again here.  Later updates go to the input operator's own
+    bookkeeping (``internal``), except releases (-1: a drop, the old time of a downgrade): they
+    wait for ``release()``, called once every worker has applied the lender's +1 — a worker
+    that saw this worker's -1 first could let its frontier pass the lent time while the lender
+    still held its own token there.  Holding a release back only holds frontiers back, which
+    is always safe.
+    """
+
+    def __init__(self, internal: ChangeBatch[Any]) -> None:
+        super().__init__()
+        self._internal = internal
+        self.target = internal
+        """The output's bookkeeping this one feeds (sessions accept the token for it)."""
+        self._created = False
+        self._held: list[tuple[Any, int]] = []
+        self.released = False
+        """True once releases go through (every worker applied the lender's count)."""
+
+    def update(self, key: Any, diff: int) -> None:
+        if diff == 1 and not self._created:
+            self._created = True  # the adopted token itself: the lender counted it
+            return
+        if diff < 0 and not self.released:
+            self._held.append((key, diff))
+            return
+        self._internal.update(key, diff)
+
+    def defer(self, key: Any, diff: int) -> None:  # the garbage-collection backstop
+        if diff < 0 and not self.released:
+            self._held.append((key, diff))  # list.append is atomic; released on the owner
+            return
+        self._internal.defer(key, diff)
+
+    def release(self) -> None:
+        """Let the held releases and all later ones through (call on the owning worker)."""
+        self.released = True
+        held, self._held = self._held, []
+        for key, diff in held:
+            self._internal.update(key, diff)
+
+
 class InputHandle:
     """Sends records at the current epoch; ``advance_to`` moves the epoch, ``close`` ends input.
 
@@ -57,7 +104,7 @@ class InputHandle:
 
     __slots__ = ("_output", "_metrics", "_cap", "_activate", "_buffer", "name", "_worker",
                  "_start", "_pause", "_sent_at_time", "_user_time", "_log", "_key", "_replay",
-                 "_ended", "__weakref__")
+                 "_ended", "_adopt", "path", "ready", "__weakref__")
 
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
                  name: str, metrics: dict[str, int] | None = None, worker: Any = None,
@@ -87,6 +134,13 @@ class InputHandle:
         self._key = key if key is not None else name
         self._replay: Any = None  # the log's Replay, until it has been given
         self._ended = False  # closed by the replay: the logged input ended
+        self._adopt: Any = None  # time -> (lent token, its LentToken) on a joining worker
+        self.path: tuple[int, ...] = ()
+        """The input operator's path: (dataflow index, operator index) at the top level."""
+        self.ready = True
+        """False on a worker that joined a running job until the job lends this input a
+        token (``JobHandle.add_worker(inputs=True)``; the input is then open at the lender's
+        epoch, or closed when the lender had closed it); until then it can only be closed."""
         if log is not None:
             self._open_log(start)
 
@@ -174,7 +228,8 @@ class InputHandle:
         """Send one record at the current epoch (buffered into batches).
 
         Raises:
-            CapabilityError: after ``close()``.
+            CapabilityError: after ``close()``, or on a worker that joined a running job before
+                the job lent this input a token (``ready``).
         """
         if self._replay is not None:
             self._ensure_replayed()
@@ -183,6 +238,8 @@ class InputHandle:
                 return  # the logged input ended: the worker code's input is not used
             self._check_stopped()
             raise CapabilityError(f"input {self.name!r} is closed: cannot send {record!r}")
+        if not self.ready:
+            self._live()  # raises: a joining worker's input without a lent token
         if self._replayed():
             return
         self._wait_if_paused()
@@ -355,7 +412,43 @@ class InputHandle:
         if self._cap is None:
             self._check_stopped()
             raise CapabilityError(f"input {self.name!r} is closed")
+        if not self.ready:
+            raise CapabilityError(
+                f"input {self.name!r}: this worker joined a running job and holds no token for "
+                "it yet; the job lends it one with add_worker(inputs=True) (wait with "
+                "worker.step_while(lambda: not handle.ready)), or close the input")
         return self._cap
+
+    # -- lending the token to a joining worker (``tokenflow.membership``) ------------------------
+
+    def lend(self) -> Any:
+        """Copy this handle's token at its current epoch and hand the copy over (counted in
+        this worker's progress stream, owned by the worker that adopts it); its time, or None
+        when the input is closed or not ready."""
+        self._ensure_replayed()
+        if self._cap is None or not self.ready or self._ended:
+            return None
+        self.flush()  # what was sent at the epoch goes first
+        return self._cap.copy().hand_over()
+
+    def adopt(self, time: Any) -> LentToken:
+        """Take a token lent at ``time`` (``lend`` on another worker) in place of the
+        uncounted one a joining worker starts with; returns its bookkeeping, whose
+        ``release()`` the worker calls once every worker applied the lender's count.  A closed
+        handle drops the lent token at once (released with the bookkeeping)."""
+        if self._adopt is None:
+            raise CapabilityError(f"input {self.name!r} was not built on a joining worker")
+        token, gate = self._adopt(time)
+        old, self._cap = self._cap, token
+        if old is None:
+            token.drop()
+            self._cap = None
+        else:
+            old.drop()  # the uncounted initial token: nothing was counted
+            self._user_time = time
+            self.ready = True
+        self._activate()
+        return gate  # type: ignore[no-any-return]
 
 
 def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
@@ -386,6 +479,19 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
     handle = InputHandle(output, holder[0], activate, name,
                          getattr(worker, "metrics", None), worker,
                          None if restored is None else restored[1], log, key)
+    handle.path = builder.core.path
+    if getattr(worker, "joining", False):
+        core = builder.core
+
+        def adopt(time: Any) -> tuple[Capability, LentToken]:
+            gate = LentToken(core.internal[0])
+            return Capability(time, gate, 0, core.name, core.wake), gate
+
+        handle._adopt = adopt
+        handle.ready = False
+        adopters = getattr(worker, "adopters", None)
+        if adopters is not None:
+            adopters[key] = (core.path, adopt)
     if handle._replay is not None:
         ref.append(weakref.ref(handle))
         activate()

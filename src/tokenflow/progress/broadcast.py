@@ -67,6 +67,17 @@ class Progcaster:
         """Count this worker's own tokens in ``held`` from now on."""
         self._track_held = True
 
+    def disown(self, key: tuple[Any, Any]) -> None:
+        """A token of this worker's (``(location, time)``) was handed to another worker: it
+        no longer counts as held here (its +1 was or will be sent by this worker)."""
+        if self._track_held:
+            self.held.update(key, -1)
+
+    def own(self, key: tuple[Any, Any]) -> None:
+        """A token handed to this worker by another (which sent its +1) counts as held here."""
+        if self._track_held:
+            self.held.update(key, 1)
+
     @property
     def roster(self) -> list[int]:
         """The slots this worker's batches go to."""

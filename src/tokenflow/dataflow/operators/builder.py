@@ -186,7 +186,9 @@ class OperatorOutput:
                     f"operator {self._op.name!r} output {self.port}: session opened with a "
                     f"dropped capability (time {cap._time!r})"
                 )
-            if cap._internal is not self._internal:
+            internal = cap._internal
+            if internal is not self._internal and \
+                    getattr(internal, "target", None) is not self._internal:  # a lent token's
                 raise CapabilityError(
                     f"operator {self._op.name!r} output {self.port}: session opened with a token "
                     f"for output {cap.port} of operator {cap.operator!r} (time {cap._time!r})"
