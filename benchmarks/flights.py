@@ -11,6 +11,8 @@ one SparkSession (``local[2]``, started before any timing):
 * **tokenflow spark**: ``run_flights_timed(runtime="spark")``, 2 workers on ``local[2]`` (the
   ``execute`` call: the table carried to the workers as Arrow and the job).
 * **tokenflow process / thread**: the same with 2 worker processes (spawn included) / threads.
+* **tokenflow spark, Spark DataFrame input**: the same job fed a DataFrame made from the table,
+  which takes the hash-repartition path every run took before (the "before" figure).
 * **DataFrame → workers**: a job that only reads its input partition, with the table passed as
   Arrow (``arrow_frame``) and, for comparison, as a Spark DataFrame (the hash-repartition path
   every input took before); rows/s per worker = rows / 2 / the ``execute`` seconds (the fixed
@@ -48,7 +50,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _provenance import provenance  # noqa: E402
 
 from tokenflow.execute import execute  # noqa: E402
-from tokenflow.flights import COLUMNS, HOURLY_SCHEMA, hourly_table, load_flights, run_flights_timed  # noqa: E402
+from tokenflow.flights import (  # noqa: E402
+    COLUMNS,
+    HOURLY_SCHEMA,
+    flights_job,
+    hourly_table,
+    load_flights,
+    run_flights_timed,
+)
 
 RESULTS = Path(__file__).parent / "results"
 WORKERS = 2
@@ -143,6 +152,15 @@ def main() -> None:
             run = run_flights_timed(workers=WORKERS, runtime=runtime, master=MASTER, flights=table)
             check_equal(f"tokenflow {runtime}", run.table, want)
             note(f"tokenflow {runtime}", run.seconds)
+        # The path every run took before Arrow tables went as IPC chunks: a Spark DataFrame
+        # input, hash-repartitioned and sorted by Spark.
+        seconds, results = timed(lambda: execute(
+            flights_job(None), workers=WORKERS, runtime="spark", spark=spark,
+            inputs={"flights": old_frame}, sort_by={"flights": "time_hour"}))
+        old = pa.concat_tables([r[0] for r in results]).sort_by(
+            [("time_hour", "ascending"), ("origin", "ascending")])
+        check_equal("tokenflow spark (Spark DataFrame input)", old, want)
+        note("tokenflow spark, Spark DataFrame input (old path)", seconds)
         for name, data in (("arrow", table), ("spark-df", old_frame)):
             seconds, counts = timed(lambda data=data: execute(
                 drain_job(), workers=WORKERS, runtime="spark", spark=spark,
