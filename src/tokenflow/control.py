@@ -376,7 +376,12 @@ class ControlAgent:
         elif kind == "rescale":
             roster = [int(w) for w in message["roster"]]
             strategy = str(message.get("strategy", "batched"))
-            steps = sum(r.rescale_roster(roster, strategy) for r in worker.rescalers)
+            replace = message.get("replace")
+            if replace is not None:  # a rolling upgrade: [old, new]
+                old, new = (int(w) for w in replace)
+                steps = sum(r.replace_owner(old, new, strategy) for r in worker.rescalers)
+            else:
+                steps = sum(r.rescale_roster(roster, strategy) for r in worker.rescalers)
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
         elif kind in MEMBERSHIP_COMMANDS:

@@ -251,6 +251,41 @@ class JobHandle:
         leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
         self.roster = rest
 
+    def replace_worker(self, worker: int, strategy: str = "batched",
+                       timeout: float = 60.0) -> int:
+        """Replace ``worker`` by a new one in one layout change (a rolling upgrade step: the
+        new worker joins in a free slot, every bin of ``worker`` moves straight to it and no
+        other bin moves, then ``worker`` leaves); returns the new worker's index.  ``worker``
+        must hold no input token by then (its worker code closed its inputs): its sources
+        are not handed over.
+
+        Raises:
+            ValueError: ``worker`` is not in the roster.
+            MembershipError, ControlError: see ``add_worker`` / ``remove_worker``.
+        """
+        from tokenflow.control import ControlError
+        from tokenflow.membership import leave
+
+        if worker not in self.roster:
+            raise ValueError(f"cannot replace worker {worker}: not in {self.roster}")
+        new = self.add_worker(timeout)
+        if self.migrating:
+            rest = [w for w in self.roster if w != worker]
+            self.hub.send(0, {"kind": "rescale", "roster": rest, "strategy": strategy,
+                              "replace": [worker, new], "round": None})
+            deadline = time.monotonic() + timeout
+            while True:
+                reply = self.hub.receive(0.1)
+                if reply is not None and reply.get("kind") == "rescaled":
+                    self.scale_steps += int(reply.get("steps", 0))
+                    break
+                if time.monotonic() > deadline or not self.running:
+                    raise ControlError(f"worker 0 did not acknowledge moving worker {worker}'s "
+                                       f"bins to worker {new} within {timeout} s")
+        leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
+        self.roster = [w for w in self.roster if w != worker]
+        return new
+
     def scale(self, n: int, strategy: str = "batched", timeout: float = 60.0) -> list[int]:
         """Grow or shrink the running job to ``n`` workers: joining workers take free slots
         and then receive their share of the bins; leaving ones (the highest slots first) hand

@@ -156,6 +156,21 @@ class RoutingTable:
                 owners[next(it)] = w
         return RoutingTable(owners, members, self.version + 1)
 
+    def replaced(self, old: int, new: int) -> RoutingTable:
+        """The table where worker ``new`` takes every bin of ``old`` and ``old`` leaves the
+        roster (a rolling upgrade's one layout change: no other bin moves).
+
+        Raises:
+            ValueError: ``old`` is not in the roster, or ``new`` is negative.
+        """
+        if old not in self.roster:
+            raise ValueError(f"worker {old} is not in the roster {list(self.roster)}")
+        if new < 0:
+            raise ValueError(f"worker indices must be >= 0, got {new}")
+        owners = np.where(self.owners == old, new, self.owners)
+        roster = [w for w in self.roster if w != old] + [new]
+        return RoutingTable(owners, roster, self.version + 1)
+
     def moved(self, other: RoutingTable) -> np.ndarray:
         """Bins whose owner differs between this table and ``other`` (same bin count).
 
