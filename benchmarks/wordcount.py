@@ -294,10 +294,10 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
             if paced and epoch:
                 if epoch == 1:  # epoch 0 warms up; then offer on a shared wall-clock grid
                     origin = float(int(time.time() + 1.5))
-                worker.step_until(origin + (epoch - 1) * period)
+                wait_until(worker, origin + (epoch - 1) * period)
             if rate is not None:
                 due = origin + epoch / rate
-                worker.step_until(due)
+                wait_until(worker, due)
                 late.append(max(0.0, time.time() - due))
             sent_at.append(time.perf_counter())
             inp.send_batch(batches[epoch])
@@ -313,6 +313,17 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
                 "records": records_of(seen), "origin": origin}
 
     return job
+
+
+def wait_until(worker: Any, deadline: float) -> None:
+    """``Worker.step_until(deadline)``, or the same loop for a tree from before it existed
+    (``--baseline``)."""
+    step_until = getattr(worker, "step_until", None)
+    if step_until is not None:
+        step_until(deadline)
+        return
+    while (left := deadline - time.time()) > 0:
+        worker.step_or_park(min(left, 0.01))
 
 
 def barrier(worker: Any, inp: Any, probe: Any) -> None:
