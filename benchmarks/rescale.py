@@ -648,7 +648,7 @@ def report(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
         f"One run of `benchmarks/rescale.py{' --quick' if args.quick else ''}`. Workload: a "
         f"running word count, `megaphone_fold(words.map(lambda w: (w, 1)), fold)` emitting "
         f"`(word, running count)`, on the `process` runtime with {WORKERS} worker processes, "
-        f"{bins} bins (batched: at most {mp.BATCH_BINS} bins per batch), lead 1. Initial table "
+        f"{bins} bins (batched: at most {mp.batch_size(bins)} bins per batch), lead 1. Initial table "
         f"`RoutingTable(RoutingTable.even(2, {bins}).owners, range(4))`; the driver calls "
         f"`JobHandle.rescale(n, strategy)` with n = 3, 4, 3, 2 at "
         + ", ".join(f"{at:g} s" for at in cfg["at"])

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
     from tokenflow.dataflow.stream import Stream
 
 STRATEGIES = ("all-at-once", "fluid", "batched")
-BATCH_BINS = 64
-"""Bins per batch of the ``batched`` strategy."""
+BATCH_SHARE = 4
+"""The ``batched`` strategy's batches hold up to ``bins // BATCH_SHARE`` bins (``batch_size``)."""
 ROUTING_META = "migrating"
 """Key of a checkpoint part's metadata holding each migrating operator's routing table at the
 checkpoint's epoch: ``{operator key: RoutingTable.to_json()}`` (``Controller.table_at``)."""
@@ -83,9 +83,24 @@ class Move:
     new: int
 
 
+def batch_size(bins: int) -> int:
+    """Bins per batch of the ``batched`` strategy for a table of ``bins`` bins: a quarter of
+    them (64 of 256, 1,024 of 4,096).
+
+    A fixed count (it was 64) made a 4,096-bin change take 22-36 rounds, and a round costs its
+    senders about a pass over their whole state whatever the bins it moves (a columnar state's
+    ``take`` rebuilds what stays), plus a progress exchange before the next: NEXMark q4 at half
+    its throughput saw 2-3.6 s of latency.  A share of the bins keeps a change at 2-4 rounds
+    (scale-out from W to W+1: each old owner sends about ``bins / (W (W+1))`` bins to the
+    newcomer, which receives one batch per round).
+    """
+    return max(1, bins // BATCH_SHARE)
+
+
 def plan(old: RoutingTable, new: RoutingTable, strategy: str = "batched",
-         batch_bins: int = BATCH_BINS) -> list[list[Move]]:
-    """The steps that take ``old`` to ``new``: lists of moves, one list per logical time.
+         batch_bins: int | None = None) -> list[list[Move]]:
+    """The steps that take ``old`` to ``new``: lists of moves, one list per logical time
+    (``batched``: batches of ``batch_bins`` bins, default ``batch_size(old.bins)``).
 
     Raises:
         ValueError: an unknown strategy, or tables of different bin counts.
@@ -102,6 +117,8 @@ def plan(old: RoutingTable, new: RoutingTable, strategy: str = "batched",
         return [moves]
     if strategy == "fluid":
         return [[m] for m in moves]
+    if batch_bins is None:
+        batch_bins = batch_size(old.bins)
     chunks: collections.deque[list[Move]] = collections.deque()
     by_pair: dict[tuple[int, int], list[Move]] = collections.defaultdict(list)
     for m in moves:
@@ -239,7 +256,7 @@ class Controller:
         """``table_at(e)``: the routing table this worker's router has in effect at time ``e``."""
 
     def rescale(self, table: RoutingTable, strategy: str = "batched",
-                batch_bins: int = BATCH_BINS) -> int:
+                batch_bins: int | None = None) -> int:
         """Move to ``table`` in steps of ``strategy``; returns the number of steps.
 
         Raises:
@@ -289,9 +306,20 @@ class Controller:
 
 
 def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], list[Any]],
-                   lead: int = 1, name: str = "MegaphoneControl") -> tuple[Stream, Controller]:
+                   lead: int = 1, name: str = "MegaphoneControl",
+                   spread: bool = False) -> tuple[Stream, Controller]:
     """The control source: worker 0 holds a token ``lead`` ahead of ``follow()`` (the data
-    frontier; ``[]`` when the data is done) and sends each requested step at its own time."""
+    frontier; ``[]`` when the data is done) and sends each requested step at its own time:
+    at consecutive times, or with ``spread`` one *data time step* apart (the least move of the data
+    frontier it saw, 1 before any: 1 for consecutive integer epochs, 100 for NEXMark's 100 ms
+    epochs), so each falls between two epochs of data.
+
+    At consecutive integer times a fluid change's 85 steps all fell between two NEXMark
+    epochs and ran back to back, each a pass over its senders' state and a progress exchange,
+    while the next epoch waited behind all of them (1.2-1.4 s for q4).  One step per data
+    time interleaves them with the epochs (Megaphone's fluid migration: one bin per timestamp,
+    with data at every timestamp).  All steps are still sent at once (at their future times):
+    nothing waits on the data frontier."""
     from tokenflow.dataflow.operators.generic import source
 
     controller = Controller(initial, lead)
@@ -303,12 +331,19 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
         controller.activate = info.activate
         controller.driving = True
         held = [cap]
+        seen: list[Any] = []
+        stride: list[Any] = [None]
 
         def logic(output: Any) -> None:
             if not held:
                 return
             token = held[0]
             frontier = follow()
+            if frontier:  # the data's time step: the least move of the data frontier seen
+                if seen and min(frontier) > seen[0]:
+                    move = min(frontier) - seen[0]
+                    stride[0] = move if stride[0] is None else min(stride[0], move)
+                seen[:] = [min(frontier)]
             if controller._steps:
                 base = max(token.time, controller.floor,
                            min(frontier) + lead if frontier else token.time)
@@ -319,7 +354,7 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
                     controller.issued.append((base, step))
                     if table is not None:
                         controller.changes.append((base, table))
-                    base += 1
+                    base += (stride[0] or 1) if spread else 1
                 token.downgrade(base)
             elif not frontier:
                 held.pop().drop()
@@ -349,8 +384,16 @@ class PackedBatch:
         self.batch = batch
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_read_batch, (self.batch.schema.serialize().to_pybytes(),
-                              self.batch.serialize().to_pybytes()))
+        schema = self.batch.schema
+        message = _SCHEMAS.get(schema)
+        if message is None:
+            if len(_SCHEMAS) >= 64:
+                _SCHEMAS.clear()
+            message = _SCHEMAS[schema] = schema.serialize().to_pybytes()
+        return (_read_batch, (message, self.batch.serialize().to_pybytes()))
+
+
+_SCHEMAS: dict[pa.Schema, bytes] = {}
 
 
 def _read_batch(schema: bytes, batch: bytes) -> pa.RecordBatch:
@@ -516,7 +559,7 @@ def register_state(worker: Any, key: str, state: BinnedState, table: RoutingTabl
 
 def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, shared: Shared,
            lead: int = 1, measure: bool = False,
-           name: str = "Megaphone") -> tuple[list[Stream], Controller]:
+           name: str = "Megaphone", spread: bool = False) -> tuple[list[Stream], Controller]:
     """F, the router of a migrating operator with one input per stream of ``streams``.
 
     Output ``i`` carries input ``i``'s records as ``(worker, "d", part)`` and, on output 0,
@@ -538,7 +581,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     worker = scope.worker
     data_frontier: list[Any] = [[0]]
     control, controller = control_stream(scope, table, lambda: data_frontier[0], lead,
-                                         f"{name}.Control")
+                                         f"{name}.Control", spread=spread)
     worker.rescalers.append(controller)
 
     builder = OperatorBuilder(f"{name}.Route", scope)

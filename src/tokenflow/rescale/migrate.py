@@ -70,8 +70,10 @@ from tokenflow.rescale.megaphone import (
     Shared,
     Splitter,
     checkpointable,
+    moved_parts,
     register_state,
     router,
+    unpacked,
 )
 from tokenflow.state.bins import RoutingTable, bins_of
 
@@ -209,7 +211,7 @@ class _Unwrapped:
         for ref, batch in self.inner:
             for _, kind, payload in batch:
                 if kind == "d":
-                    yield ref, payload
+                    yield ref, unpacked(payload)
                 else:
                     self.load(ref, payload)
 
@@ -239,7 +241,7 @@ def _take(state: BinnedState) -> Callable[[list[int]], dict[int, pa.Table]]:
 def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: str,
                        constructor: Callable[[Any, OperatorInfo], Callable[..., Any]], *,
                        initial: RoutingTable | None = None, lead: int = 1,
-                       measure: bool = False) -> MigrationHandle:
+                       measure: bool = False, spread: bool = True) -> MigrationHandle:
     """The operator of ``constructor`` (``logic(*inputs, output)``, see the module notes)
     behind a Megaphone router: its bins move between workers at logical times.
 
@@ -249,6 +251,8 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
             own nothing until a step gives them bins.
         lead: logical time units the controller stays ahead of the data frontier.
         measure: record every step on every worker with the bytes of its whole state.
+        spread: a change's steps one data time step apart (``megaphone.control_stream``):
+            between consecutive epochs of data, not all between two of them.
 
     Returns:
         A ``MigrationHandle`` (``stream``: the operator's output; ``controller``: worker 0
@@ -285,7 +289,8 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
     # by slot: the owners include workers that joined after this one built the operator
     peers = getattr(worker, "slots", scope.peers)
     splits = [column_splitter(c, table.bins, peers) for c in columns]
-    routed, controller = router(list(inputs), splits, table, shared, lead, measure, name)
+    routed, controller = router(list(inputs), splits, table, shared, lead, measure, name,
+                                spread=spread)
 
     op = OperatorBuilder(name, scope, notify=True)
     op_inputs = [op.new_input(s, ByTarget()) for s in routed]
@@ -308,7 +313,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
                              f"(info.state) and its tokens (migrates(info, tokens))")
 
         def load(ref: CapabilityRef, tables: Any) -> None:
-            state.load(tables)
+            state.load(moved_parts(tables))
             tokens.adopt(ref, state.pending_times())
 
         wrapped = [_Unwrapped(inp, load) for inp in op_inputs]

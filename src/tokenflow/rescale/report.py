@@ -65,6 +65,9 @@ class ChangeReport:
         owned_before: per sender, the bins it owned before the change.
         moved_bins: the bins that changed owner.
         operators: per operator, ``(moved_bytes, total_bytes)``.
+        steps: the change's steps (distinct step times, over operators).
+        end: the logical time of its last step (the latest over operators): the change is
+            complete once the output frontier has passed it.
     """
 
     index: int
@@ -81,6 +84,8 @@ class ChangeReport:
     moved_bins: list[int] = field(default_factory=list)
     operators: dict[str, tuple[int, int]] = field(default_factory=dict)
     share: float = float("nan")
+    steps: int = 0
+    end: int = 0
 
     @property
     def fraction(self) -> float:
@@ -134,8 +139,9 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
         changes = []
         for lo, hi in ranges:
             before = owners.copy()
-            moves = [m for t, step in d["issued"] if t >= lo and (hi is None or t < hi)
-                     for m in step]
+            issued = [(int(t), step) for t, step in d["issued"]
+                      if t >= lo and (hi is None or t < hi)]
+            moves = [m for _, step in issued for m in step]
             for b, _, new in moves:
                 owners[b] = new
             moved = total = 0
@@ -154,7 +160,7 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
             share = sum(m / t for m, t in per_step.values() if t)
             changes.append({"time": lo, "before": before, "after": owners.copy(), "moves": moves,
                             "moved": moved, "total": total, "sender_bytes": sender_bytes,
-                            "share": share})
+                            "share": share, "times": {t for t, _ in issued}})
         per_op[name] = changes
     reports = []
     for k in range(min(counts, default=0)):  # the changes every operator made
@@ -182,7 +188,9 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
             operators={name: (e["moved"], e["total"]) for name, e in entries.items()},
             share=sum(e["share"] * e["total"] for e in entries.values()) /
             sum(e["total"] for e in entries.values())
-            if any(e["total"] for e in entries.values()) else float("nan")))
+            if any(e["total"] for e in entries.values()) else float("nan"),
+            steps=len({t for e in entries.values() for t in e["times"]}),
+            end=max((t for e in entries.values() for t in e["times"]), default=int(first["time"]))))
     return reports
 
 
