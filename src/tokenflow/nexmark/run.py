@@ -71,6 +71,10 @@ class QueryResult:
             asked for (``tokenflow.rescale.remote.RescaleEvent``), in order.
         migrations: with ``elastic``, what each table change moved
             (``tokenflow.rescale.report.ChangeReport``, bytes only with ``measure``).
+        sent_at: per epoch (as ``epoch_times``), the wall time (``time.time()``, s) when the
+            last of the source workers had sent it; ``sent_at[i] + latencies_ms[i] / 1000`` is
+            when the output passed it.
+        started: the wall time the first source worker began sending (s).
     """
 
     query: str
@@ -90,6 +94,8 @@ class QueryResult:
     failures: int = 0
     rescales: list[Any] = field(default_factory=list)
     migrations: list[Any] = field(default_factory=list)
+    sent_at: list[float] = field(default_factory=list)
+    started: float = float("nan")
 
 
 def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> list[tuple[int, int, int]]:
@@ -149,7 +155,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               measure: bool = False, bins: int | None = None, coordinator: Any = None,
               generator: GeneratorConfig | None = None,
               on_rescale: Callable[[Any], None] | None = None,
-              max_workers: int | None = None) -> QueryResult:
+              max_workers: int | None = None, pace: float | None = None) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -218,6 +224,11 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             processes (or Spark tasks) and the rescales start and stop others, which join the
             running job and leave it (``tokenflow.membership``) instead of changing the roster
             among the ``workers`` it started with; the sources stay on the first ``workers``.
+        pace: offered load in events per wall-clock second (open loop): each source worker
+            sends epoch ``(t, first, end)`` of ``epoch_plan`` no earlier than ``first / pace``
+            seconds after it began sending (its own clock), parking in between; ``lag`` still
+            bounds the epochs in flight (raise it to keep the load open-loop).  Default None:
+            as fast as ``lag`` allows.  Generated events only (not with ``input``).
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -226,8 +237,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         ValueError: an unknown query or runtime, ``events < 0``, ``workers < 1``,
             ``granularity_ms <= 0``, ``lag < 1``, ``rate <= 0``, ``master`` without spark,
             ``publish`` without ``catalog``, ``elastic`` for a query without migrating
-            state, ``max_workers`` with ``checkpoint``, a roster outside ``1..workers``, or an unknown
-            strategy.
+            state, ``max_workers`` with ``checkpoint``, a roster outside ``1..workers``, an unknown
+            strategy, or ``pace <= 0`` or with ``input``.
         InputError: ``input`` is missing, not Parquet, lacks a column or has a null
             ``dateTime`` (naming the path, column and row).
         WorkerError: a worker failed.
@@ -246,6 +257,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         raise ValueError(f"routing must be 'bins' or 'direct', got {routing!r}")
     if publish is not None and catalog is None:
         raise ValueError(f"publishing {name} as {publish!r} needs a catalog (catalog=Catalog().endpoint)")
+    if pace is not None and (pace <= 0 or input is not None):
+        raise ValueError(f"pace must be > 0 events/s over generated events, got {pace!r}"
+                         + (" with input" if input is not None else ""))
     elastic = elastic or bool(rescale_schedule) or bool(rescale_at) or roster is not None
     initial = None
     if elastic:
@@ -286,6 +300,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         os.makedirs(directory, exist_ok=True)
 
     epoch_list = [t for t, _, _ in plan]
+    offsets = [first / pace for _, first, _ in plan] if pace is not None else None
+    """Seconds after a worker's start before which it does not send each epoch (``pace``)."""
 
     def job(worker: Any) -> dict[str, Any]:
         from tokenflow.io.parquet import to_parquet
@@ -332,6 +348,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         triggers = sorted(rescale_at) if worker.index == 0 else []
         start = time.time()
+        due = 0  # with ``pace``: epochs of ``epoch_list`` whose time to be sent has come
         while True:
             frontiers = [h.frontier for h in handles if h.frontier is not None]
             least = min(frontiers) if frontiers else None
@@ -350,10 +367,17 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 break
             # at most ``lag`` of this worker's epochs in flight: sent but not passed
             ahead = done_passing + lag
+            park = 0.01
+            if offsets is not None:
+                while due < len(offsets) and start + offsets[due] <= now:
+                    due += 1
+                ahead = min(ahead, due)
+                if due < len(offsets):  # park no longer than until the next epoch is due
+                    park = max(0.0, min(park, start + offsets[due] - time.time()))
             limit = epoch_list[ahead] if ahead < len(epoch_list) else None
             for h in handles:
                 h.limit(limit)
-            worker.step_or_park()
+            worker.step_or_park(park)
         finish = time.time()
         for h in handles:  # a query that reads only some kinds is done before the others
             h.limit(None)
@@ -417,10 +441,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     results = results[:workers]  # the workers with the sources: their epochs' times count
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
     epoch_times = [t for t, _, _ in plan]
-    latencies = [
-        1000.0 * (max(r["passed"][t] for r in results) - max(r["sent"][t] for r in results))
-        for t in epoch_times
-    ]
+    sent_at = [max(r["sent"][t] for r in results) for t in epoch_times]
+    latencies = [1000.0 * (max(r["passed"][t] for r in results) - s)
+                 for t, s in zip(epoch_times, sent_at, strict=True)]
+    started = min(r["start"] for r in results)
     results = results + joined
     outputs = [r["table"] for r in results if r["table"] is not None]
     rows = _frame(outputs, columns)
@@ -435,7 +459,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         events_per_second=events / seconds if seconds > 0 else float("inf"),
         latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
         granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures,
-        rescales=rescales, migrations=migrations)
+        rescales=rescales, migrations=migrations, sent_at=sent_at, started=started)
 
 
 def _frame(tables: list[pa.Table], columns: list[str]) -> pd.DataFrame:
