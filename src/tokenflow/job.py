@@ -183,13 +183,22 @@ class JobHandle:
             ValueError: a roster member that is not a worker of the job.
             ControlError: worker 0 did not acknowledge within ``timeout`` s.
         """
-        from tokenflow.control import ControlError
-
         members = list(range(roster)) if isinstance(roster, int) else sorted(set(roster))
         if not members or not set(members) <= set(self.roster) | set(range(self.workers)):
             raise ValueError(f"roster {members} is not within the job's workers {self.roster} "
                              "(add_worker first)")
-        self.hub.send(0, {"kind": "rescale", "roster": members, "strategy": strategy, "round": None})
+        return self._rescale({"roster": members, "strategy": strategy}, timeout,
+                             f"the rescale to {members}")
+
+    def _rescale(self, command: dict[str, Any], timeout: float, what: str) -> int:
+        """Send worker 0 a ``rescale`` command and wait for its ``rescaled`` (its steps).
+
+        Raises:
+            ControlError: no acknowledgement within ``timeout`` s, or the job ended.
+        """
+        from tokenflow.control import ControlError
+
+        self.hub.send(0, {"kind": "rescale", "round": None, **command})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             reply = self.hub.receive(0.1)
@@ -197,8 +206,7 @@ class JobHandle:
                 return int(reply.get("steps", 0))
             if not self.running:
                 break
-        raise ControlError(f"worker 0 did not acknowledge the rescale to {members} "
-                           f"within {timeout} s")
+        raise ControlError(f"worker 0 did not acknowledge {what} within {timeout} s")
 
     def add_worker(self, timeout: float = 60.0, inputs: bool = False) -> int:
         """Start a worker in a free slot and join it to the running job (its progress state
@@ -263,7 +271,6 @@ class JobHandle:
             ValueError: ``worker`` is not in the roster.
             MembershipError, ControlError: see ``add_worker`` / ``remove_worker``.
         """
-        from tokenflow.control import ControlError
         from tokenflow.membership import leave
 
         if worker not in self.roster:
@@ -271,17 +278,9 @@ class JobHandle:
         new = self.add_worker(timeout)
         if self.migrating:
             rest = [w for w in self.roster if w != worker]
-            self.hub.send(0, {"kind": "rescale", "roster": rest, "strategy": strategy,
-                              "replace": [worker, new], "round": None})
-            deadline = time.monotonic() + timeout
-            while True:
-                reply = self.hub.receive(0.1)
-                if reply is not None and reply.get("kind") == "rescaled":
-                    self.scale_steps += int(reply.get("steps", 0))
-                    break
-                if time.monotonic() > deadline or not self.running:
-                    raise ControlError(f"worker 0 did not acknowledge moving worker {worker}'s "
-                                       f"bins to worker {new} within {timeout} s")
+            self.scale_steps += self._rescale(
+                {"roster": rest, "strategy": strategy, "replace": [worker, new]}, timeout,
+                f"moving worker {worker}'s bins to worker {new}")
         leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
         self.roster = [w for w in self.roster if w != worker]
         return new

@@ -158,7 +158,7 @@ class MembershipAgent:
         if self._lends:
             self._lent(worker)
         if self._checks:
-            self._applied(worker)
+            self._answer_checks(worker)
         if self._leaving:
             self._leave(worker)
 
@@ -175,11 +175,11 @@ class MembershipAgent:
                                            in worker.progress_sequences().items()]})
                 self._lends.remove(entry)
 
-    def _applied(self, worker: Any) -> None:
+    def _answer_checks(self, worker: Any) -> None:
         received = worker.received_batches()
         for entry in list(self._checks):
             lender, floors = entry
-            if all(received.get(df, {}).get(lender, 0) >= seq for df, seq in floors.items()):
+            if _applied(received, {df: {lender: seq} for df, seq in floors.items()}):
                 self.link.send({"kind": "applied", "worker": worker.index})
                 self._checks.remove(entry)
 
@@ -187,8 +187,7 @@ class MembershipAgent:
         received = worker.received_batches()
         for entry in list(self._bootstraps):
             joiner, floors = entry
-            if all(received.get(df, {}).get(sender, 0) >= seq
-                   for df, by_sender in floors.items() for sender, seq in by_sender.items()):
+            if _applied(received, floors):
                 began = time.perf_counter()
                 states = worker.progress_states()
                 worker.send_membership(joiner, ("bootstrap", states, list(worker.roster)))
@@ -214,6 +213,13 @@ class MembershipAgent:
         worker.leave()
         self._leaving = False
         self.link.send({"kind": "left", "worker": worker.index})
+
+
+def _applied(received: dict[int, dict[int, int]], floors: dict[int, dict[int, int]]) -> bool:
+    """True when, per dataflow and sender, the batches below ``floors[df][sender]`` are among
+    those applied (``received``: ``Worker.received_batches()``)."""
+    return all(received.get(df, {}).get(sender, 0) >= seq
+               for df, by_sender in floors.items() for sender, seq in by_sender.items())
 
 
 # -- the driver's side ----------------------------------------------------------------------

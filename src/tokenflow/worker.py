@@ -137,10 +137,9 @@ class Worker:
         self.catalog: tuple[str, int, str] | None = None
         """``(host, port, token)`` of the job's publish/subscribe catalog, or None."""
         self._sources: dict[str, Any] = {}  # key -> handle, or weakref.ref to an input handle
-        self.adopters: dict[str, tuple[tuple[int, ...], Callable[[Any], Any]]] = {}
-        """On a joining worker: per input key, the input operator's path and how to make a
-        token lent to it (``InputHandle`` keeps a copy; this one outlives a handle the worker
-        code dropped)."""
+        self.adopters: dict[str, Any] = {}
+        """On a joining worker: per input key, the input operator's ``OperatorCore`` (what a
+        token lent to it is made for, even after the worker code dropped the handle)."""
         self._lent: list[tuple[Any, tuple[int, ...]]] = []  # adopted (LentToken, input path)
         self._lent_released = False
         self.traffic = Traffic()
@@ -426,28 +425,29 @@ class Worker:
         return lent
 
     def _adopt_inputs(self, lent: dict[str, Any]) -> None:
+        from tokenflow.dataflow.input import lent_token
+
         handles = self.sources
         for key, at in lent.items():
-            entry = self.adopters.get(key)
-            if entry is None:
+            core = self.adopters.get(key)
+            if core is None:
                 raise RuntimeError(f"worker {self.index}: was lent a token for input {key!r}, "
                                    "which it does not have (did it build other dataflows?)")
-            path, adopter = entry
             handle = handles.get(key)
             if at is None:  # closed on the lender: nothing more comes into it
                 if handle is not None:
                     handle.close()
                     handle.ready = True
                 continue
+            token, gate = lent_token(core, at)
             if handle is not None:
-                gate = handle.adopt(at)
+                handle.adopt(token)
             else:  # the worker code dropped the handle: the input is closed here
-                token, gate = adopter(at)
                 token.drop()
-            subgraph = self._dataflows.get(path[0])
+            subgraph = self._dataflows.get(core.path[0])
             if subgraph is not None:
-                subgraph.progcaster.own((Source(path[1], 0), at))
-            self._lent.append((gate, path))
+                subgraph.progcaster.own((Source(core.path[1], 0), at))
+            self._lent.append((gate, core.path))
         if self._lent_released:
             self.release_lent()
 
@@ -457,8 +457,7 @@ class Worker:
         self._lent_released = True
         for gate, path in self._lent:
             gate.release()
-            if path:
-                self.activations.activate(path)  # the input reports what was held back
+            self.activations.activate(path)  # the input reports what was held back
         self._lent.clear()
 
     def holds_tokens(self) -> list[str]:

@@ -64,7 +64,6 @@ class LentToken(ChangeBatch[Any]):
 
     def __init__(self, internal: ChangeBatch[Any]) -> None:
         super().__init__()
-        self._internal = internal
         self.target = internal
         """The output's bookkeeping this one feeds (sessions accept the token for it)."""
         self._created = False
@@ -79,20 +78,27 @@ class LentToken(ChangeBatch[Any]):
         if diff < 0 and not self.released:
             self._held.append((key, diff))
             return
-        self._internal.update(key, diff)
+        self.target.update(key, diff)
 
     def defer(self, key: Any, diff: int) -> None:  # the garbage-collection backstop
         if diff < 0 and not self.released:
             self._held.append((key, diff))  # list.append is atomic; released on the owner
             return
-        self._internal.defer(key, diff)
+        self.target.defer(key, diff)
 
     def release(self) -> None:
         """Let the held releases and all later ones through (call on the owning worker)."""
         self.released = True
         held, self._held = self._held, []
         for key, diff in held:
-            self._internal.update(key, diff)
+            self.target.update(key, diff)
+
+
+def lent_token(core: Any, time: Any) -> tuple[Capability, LentToken]:
+    """A token at ``time`` for output 0 of the input operator ``core`` (its ``OperatorCore``)
+    that another worker lent this one, and its bookkeeping."""
+    gate = LentToken(core.internal[0])
+    return Capability(time, gate, 0, core.name, core.wake), gate
 
 
 class InputHandle:
@@ -104,7 +110,7 @@ class InputHandle:
 
     __slots__ = ("_output", "_metrics", "_cap", "_activate", "_buffer", "name", "_worker",
                  "_start", "_pause", "_sent_at_time", "_user_time", "_log", "_key", "_replay",
-                 "_ended", "_adopt", "path", "ready", "__weakref__")
+                 "_ended", "path", "ready", "__weakref__")
 
     def __init__(self, output: OperatorOutput, capability: Capability, activate: Any,
                  name: str, metrics: dict[str, int] | None = None, worker: Any = None,
@@ -134,7 +140,6 @@ class InputHandle:
         self._key = key if key is not None else name
         self._replay: Any = None  # the log's Replay, until it has been given
         self._ended = False  # closed by the replay: the logged input ended
-        self._adopt: Any = None  # time -> (lent token, its LentToken) on a joining worker
         self.path: tuple[int, ...] = ()
         """The input operator's path: (dataflow index, operator index) at the top level."""
         self.ready = True
@@ -431,24 +436,19 @@ class InputHandle:
         self.flush()  # what was sent at the epoch goes first
         return self._cap.copy().hand_over()
 
-    def adopt(self, time: Any) -> LentToken:
-        """Take a token lent at ``time`` (``lend`` on another worker) in place of the
-        uncounted one a joining worker starts with; returns its bookkeeping, whose
-        ``release()`` the worker calls once every worker applied the lender's count.  A closed
-        handle drops the lent token at once (released with the bookkeeping)."""
-        if self._adopt is None:
-            raise CapabilityError(f"input {self.name!r} was not built on a joining worker")
-        token, gate = self._adopt(time)
+    def adopt(self, token: Capability) -> None:
+        """Take ``token``, lent by another worker (``lend`` there, ``lent_token`` here), in
+        place of the uncounted one a joining worker starts with.  A closed handle drops it at
+        once (the drop is held back with its ``LentToken``)."""
         old, self._cap = self._cap, token
         if old is None:
             token.drop()
             self._cap = None
         else:
             old.drop()  # the uncounted initial token: nothing was counted
-            self._user_time = time
+            self._user_time = token.time
             self.ready = True
         self._activate()
-        return gate  # type: ignore[no-any-return]
 
 
 def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
@@ -481,17 +481,10 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
                          None if restored is None else restored[1], log, key)
     handle.path = builder.core.path
     if getattr(worker, "joining", False):
-        core = builder.core
-
-        def adopt(time: Any) -> tuple[Capability, LentToken]:
-            gate = LentToken(core.internal[0])
-            return Capability(time, gate, 0, core.name, core.wake), gate
-
-        handle._adopt = adopt
         handle.ready = False
         adopters = getattr(worker, "adopters", None)
         if adopters is not None:
-            adopters[key] = (core.path, adopt)
+            adopters[key] = builder.core
     if handle._replay is not None:
         ref.append(weakref.ref(handle))
         activate()
