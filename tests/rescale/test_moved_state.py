@@ -49,3 +49,11 @@ def test_a_data_part_pickles_only_its_rows_and_unpickles_as_the_batch() -> None:
     back = pickle.loads(data)
     assert isinstance(back, pa.RecordBatch) and back.equals(part)
     assert unpacked(PackedBatch(part)) is part and unpacked([1]) == [1]
+
+
+def test_a_data_part_with_dictionaries_round_trips() -> None:
+    """A batch's own IPC message carries no dictionaries: such a part pickles whole."""
+    batch = pa.record_batch({"k": pa.array(range(100)),
+                             "d": pa.array(["x", "y"] * 50).dictionary_encode()})
+    part = batch.slice(10, 5)
+    assert pickle.loads(pickle.dumps(PackedBatch(part), protocol=5)).equals(part)

@@ -156,19 +156,26 @@ def _has_dictionaries(types: Any) -> bool:
                for t in types)
 
 
-def _small_stream(batch: pa.RecordBatch) -> list[Any] | None:
-    """The buffers of a one-batch IPC stream (schema message, batch message, end of stream)
-    for a small batch without dictionaries, else None: about 5 us where the stream writer
-    takes about 20 (a NEXMark or flights epoch sends many such messages)."""
-    if batch.get_total_buffer_size() > SMALL_ARROW:
-        return None
-    schema = batch.schema
+def schema_message(schema: pa.Schema) -> pa.Buffer | None:
+    """``schema``'s encapsulated IPC message (cached per schema), or None when it has
+    dictionaries: a batch's own IPC message (``RecordBatch.serialize``, which writes only a
+    slice's rows) does not carry them, so such a batch needs the stream writer."""
     message = _SCHEMA_MESSAGES.get(schema, False)
     if message is False:
         message = None if _has_dictionaries(schema.types) else schema.serialize()
         if len(_SCHEMA_MESSAGES) >= 256:
             _SCHEMA_MESSAGES.clear()
         _SCHEMA_MESSAGES[schema] = message
+    return message  # type: ignore[no-any-return]
+
+
+def _small_stream(batch: pa.RecordBatch) -> list[Any] | None:
+    """The buffers of a one-batch IPC stream (schema message, batch message, end of stream)
+    for a small batch without dictionaries, else None: about 5 us where the stream writer
+    takes about 20 (a NEXMark or flights epoch sends many such messages)."""
+    if batch.get_total_buffer_size() > SMALL_ARROW:
+        return None
+    message = schema_message(batch.schema)
     if message is None:
         return None
     return [message, batch.serialize(), _EOS]
@@ -186,15 +193,15 @@ def encode_payload(message: Any) -> Payload:
         time_bytes = pickle.dumps(time_, protocol=5)
         parts = _small_stream(batch)
         if parts is not None:
+            views = [memoryview(part).cast("B") for part in parts]
             prefix = _TIME_LEN.size + len(time_bytes)
-            n = prefix + sum(len(p) if isinstance(p, bytes) else p.size for p in parts)
+            n = prefix + sum(view.nbytes for view in views)
             frame = _allocate(HEADER_SIZE + n + TAG_SIZE)
             start = HEADER_SIZE
             _TIME_LEN.pack_into(frame, start, len(time_bytes))
             frame[start + _TIME_LEN.size : start + prefix] = time_bytes
             at = start + prefix
-            for part in parts:
-                view = memoryview(part).cast("B")
+            for view in views:
                 frame[at : at + view.nbytes] = view
                 at += view.nbytes
             return Payload(KIND_ARROW, frame[start : start + n], frame)

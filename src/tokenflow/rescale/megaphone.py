@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pyarrow as pa
 
+from tokenflow.comm.frames import schema_message
 from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.operators.stateful import PendingRecords, fold_records
@@ -384,16 +385,14 @@ class PackedBatch:
         self.batch = batch
 
     def __reduce__(self) -> tuple[Any, ...]:
-        schema = self.batch.schema
-        message = _SCHEMAS.get(schema)
-        if message is None:
-            if len(_SCHEMAS) >= 64:
-                _SCHEMAS.clear()
-            message = _SCHEMAS[schema] = schema.serialize().to_pybytes()
-        return (_read_batch, (message, self.batch.serialize().to_pybytes()))
+        message = schema_message(self.batch.schema)
+        if message is None:  # dictionaries: the batch pickles whole (its own message lacks them)
+            return (_same, (self.batch,))
+        return (_read_batch, (message.to_pybytes(), self.batch.serialize().to_pybytes()))
 
 
-_SCHEMAS: dict[pa.Schema, bytes] = {}
+def _same(batch: pa.RecordBatch) -> pa.RecordBatch:
+    return batch
 
 
 def _read_batch(schema: bytes, batch: bytes) -> pa.RecordBatch:
