@@ -35,7 +35,12 @@ import weakref
 from typing import TYPE_CHECKING, Any
 
 from tokenflow.dataflow.capability import Capability, CapabilityError
-from tokenflow.dataflow.operators.builder import BATCH_SIZE, OperatorBuilder, OperatorOutput
+from tokenflow.dataflow.operators.builder import (
+    BATCH_SIZE,
+    OperatorBuilder,
+    OperatorOutput,
+    operator_key,
+)
 from tokenflow.order.partial_order import less_equal
 from tokenflow.progress.change_batch import ChangeBatch
 
@@ -471,7 +476,7 @@ def new_input(scope: Scope, name: str = "Input") -> tuple[InputHandle, Stream]:
 
     builder.build(constructor)
     worker = scope.worker
-    key = f"{'.'.join(map(str, builder.core.path))}:{name}"
+    key = operator_key(builder.core.path, name)
     lookup = getattr(worker, "restored_positions", None)
     restored = lookup(key) if lookup is not None else None
     log = getattr(worker, "input_log", None)

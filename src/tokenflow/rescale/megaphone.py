@@ -56,7 +56,7 @@ import pyarrow as pa
 
 from tokenflow.comm.frames import schema_message
 from tokenflow.dataflow.channels import Broadcast, Message, Push
-from tokenflow.dataflow.operators.builder import OperatorBuilder
+from tokenflow.dataflow.operators.builder import OperatorBuilder, operator_key
 from tokenflow.dataflow.operators.stateful import PendingRecords, fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
 from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled
@@ -593,7 +593,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         outs.append(out)
         routed.append(stream)
     me = scope.worker_index
-    controller.key = f"{'.'.join(map(str, builder.core.path))}:{name}"
+    controller.key = operator_key(builder.core.path, name)
     table = controller.table = restored_table(worker, controller.key, table, scope.peers)
     if getattr(worker, "restore", None) is not None:
         controller.floor = int(worker.restore.epoch)
@@ -763,7 +763,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     state_op = OperatorBuilder(f"{name}.State", scope)
     state_in = state_op.new_input(routed, ByTarget())
     out, outputs = state_op.new_output()
-    prefix = f"{'.'.join(map(str, state_op.core.path))}:{name}.State"
+    prefix = operator_key(state_op.core.path, f"{name}.State")
     owners = controller.table
     register_state(worker, f"{prefix}/values", state, owners)
     register_state(worker, f"{prefix}/pending", stash, owners)

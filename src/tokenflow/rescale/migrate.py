@@ -60,7 +60,7 @@ import pyarrow as pa
 
 from tokenflow.dataflow.capability import CapabilityRef, CapabilitySet
 from tokenflow.dataflow.channels import Exchange
-from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput
+from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput, operator_key
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary_frontier, unary_frontier
 from tokenflow.dataflow.routing import column_hashes, partition_arrow
 from tokenflow.dataflow.state import BinnedState
@@ -276,7 +276,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         if migration.state is not None:
             raise ValueError(f"{name}: a migrating operator holds one state, got a second "
                              f"({state_name!r})")
-        key = f"{'.'.join(map(str, op.core.path))}:{name}/{state_name}"
+        key = f"{operator_key(op.core.path, name)}/{state_name}"
         register_state(worker, key, state, controller.table)  # (the restored table, if any)
         if state.home_bin < 0:
             state.home_bin = 0

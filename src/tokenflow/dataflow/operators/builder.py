@@ -385,6 +385,12 @@ class _Uncounted(ChangeBatch[Any]):
             "workers produce data only from tokens of records they receive)")
 
 
+def operator_key(path: tuple[int, ...], name: str) -> str:
+    """An operator's stable key, ``<path joined by ".">:<name>``: the same on every run of the
+    same dataflows (state, sources and routing tables are recorded under it)."""
+    return f"{'.'.join(map(str, path))}:{name}"
+
+
 class OperatorBuilder:
     """Declares an operator's inputs and outputs, then builds it from a constructor.
 
@@ -512,7 +518,7 @@ class OperatorBuilder:
         Raises:
             ValueError: the same name is declared twice for this operator.
         """
-        key = f"{'.'.join(map(str, self.core.path))}:{self.name}/{name}"
+        key = f"{operator_key(self.core.path, self.name)}/{name}"
         register = getattr(self.scope.worker, "register_state", None)
         if register is not None:
             register(key, state)
