@@ -31,13 +31,11 @@ migration* when its ``[first sent, last done]`` overlaps a window; *steady* epoc
 after a warm-up.  Also measured: the largest gap between two consecutive completions on a worker
 and the longest run of epoch periods (on the send grid) in which a worker saw no epoch complete;
 the bins and bytes of each step (``handle.moved``, ``StepStats``, summed over the old owners);
-how long each worker spent in each migration call (``KeyedState.export`` + ``discard`` on the
-old owner, ``load`` on the new one: the bound methods of the operator's state wrapped with a
-timer inside the job) and its longest steps (wall and thread CPU time); worker CPU time.
+how long each worker spent in each migration call (``take(bins)`` on the
+old owner, ``load`` on the new one: wrapped with a timer inside the job) and its longest steps
+(wall and thread CPU time); worker CPU time.
 
-Besides the three measured runs (not with ``--quick``): the same three runs with pyarrow's first
-table built on every worker before the first epoch (a diagnostic: the first state export of a
-worker process otherwise pays pyarrow's lazy import of pandas), and two references without
+Besides the three measured runs (not with ``--quick``): two references without
 rescaling at the same rate: ``megaphone_fold`` and ``state_machine`` (same fold, no migration
 machinery, routed by the same 2-worker table given as the job's spec).
 
@@ -48,8 +46,7 @@ as words went in.  The steps issued are checked against the tables ``RoutingTabl
 gives (only bins whose owner changes move; scale-in moves exactly the leaving worker's bins).
 
 Run: ``.venv/bin/python benchmarks/rescale.py`` (about 10 minutes) or ``--quick`` (about 1.5
-minutes: 64 bins, 3 s between rescales, a shorter maximum-throughput measurement, no diagnostic
-or reference runs).
+minutes: 64 bins, 3 s between rescales, a shorter maximum-throughput measurement, no reference runs).
 """
 
 from __future__ import annotations
@@ -176,8 +173,8 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
                 return result
             return call
 
-        state.export = timed("export", state.export)  # type: ignore[method-assign]
-        state.discard = timed("discard", state.discard)  # type: ignore[method-assign]
+        if handle is not None:  # a step's state leaves its old owner in one take(bins) call
+            handle.shared.take = timed("take", handle.shared.take)
         state.load = timed("load", state.load)  # type: ignore[method-assign]
 
         long_steps: list[tuple[float, float, float]] = []  # (wall end, s, CPU s), steps >= 2 ms
@@ -194,10 +191,6 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
             if dt >= 0.002:
                 long_steps.append((time.time(), dt, time.thread_time() - c0))
 
-        if cfg.get("warm"):  # diagnostic runs only: pay pyarrow's first-table cost up front
-            from tokenflow.dataflow.state import pickled
-
-            pickled({})
         inp.advance_to(1)  # the empty epoch 0: every worker has built its dataflow and words
         while probe.less_than(1):
             step(0.01)
@@ -307,13 +300,13 @@ def tables(bins: int) -> list[Any]:
 
 
 def migration_calls(r: dict[str, Any]) -> tuple[list[tuple[float, float]], list[tuple[float, float]]]:
-    """A worker's ``(wall end, ms)`` of each step's export + discard, and of each load."""
-    exports, loads, pending = [], [], 0.0
-    for kind, end, seconds, _ in r["calls"]:
-        if kind == "export":
-            pending = seconds
-        elif kind == "discard":
-            exports.append((end, (pending + seconds) * 1e3))
+    """A worker's ``(wall end, ms)`` of each step's ``take`` (export and forget the moving
+    bins' state), and of each load."""
+    exports, loads = [], []
+    for kind, end, seconds, bins in r["calls"]:
+        if kind == "take":
+            if bins:  # a worker that moves nothing in a step still calls take([])
+                exports.append((end, seconds * 1e3))
         else:
             loads.append((end, seconds * 1e3))
     return exports, loads
@@ -495,8 +488,8 @@ def ms(value: float | None) -> str:
     return "" if value is None or value != value else f"{value:.1f}"
 
 
-def plot(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
-         references: dict[str, dict[str, Any]], cfg: dict[str, Any], path: Path) -> None:
+def plot(runs: dict[str, dict[str, Any]], references: dict[str, dict[str, Any]],
+         cfg: dict[str, Any], path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -510,10 +503,6 @@ def plot(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
         origin = a["origin"]
         x = a["sent"] - origin
         lat = a["latency"]
-        if label in warm:
-            b = warm[label]
-            ax.plot(b["sent"] - b["origin"], b["latency"], lw=0.6, color="0.6",
-                    label="same, pyarrow's first table built before the first epoch (diagnostic)")
         ax.plot(x, lat, lw=0.7, color="tab:blue", label="epoch latency (largest over the workers)")
         ax.scatter(x[a["in_window"]], lat[a["in_window"]], s=5, color="tab:red", zorder=3,
                    label="epochs during migration")
@@ -579,7 +568,7 @@ def changes_table(runs: dict[str, dict[str, Any]], bins: int) -> list[str]:
         f"| strategy | change | steps | bins moved (of {bins}) | moved state against the bound | "
         "bytes moved (of the state's bytes at the end) | largest step: bins (bytes) | window ms "
         "| epochs | p99 ms | max ms | max from due ms | max in the second before the request ms "
-        "| longest export+discard ms (worker) | longest load ms |",
+        "| longest take ms (worker) | longest load ms |",
         "|---|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---|---:|",
     ]
     for strategy, a in runs.items():
@@ -613,8 +602,8 @@ def wall_cpu(step: tuple[float, float] | None) -> str:
 
 def workers_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
-        "| run | worker | CPU / wall | steps/s | steps that parked first | first export+discard "
-        "ms | later export+discard, max ms | load, max ms | longest step in a window (owners "
+        "| run | worker | CPU / wall | steps/s | steps that parked first | first take "
+        "ms | later take, max ms | load, max ms | longest step in a window (owners "
         "before the change): wall (CPU) ms | longest step outside the windows: wall (CPU) ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -628,7 +617,7 @@ def workers_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     return lines
 
 
-def report(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
+def report(runs: dict[str, dict[str, Any]],
            references: dict[str, dict[str, Any]], maxima: list[dict[str, Any]],
            cfg: dict[str, Any], args: argparse.Namespace, load: float, when: str) -> str:
     from _provenance import provenance  # a sibling module: benchmarks run as scripts
@@ -700,9 +689,9 @@ def report(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
         f"periods*: epoch periods ({1e3 / cfg['rate']:g} ms) of the send grid in which a worker "
         "saw no epoch complete; the longest run over the workers (2 or more: throughput was "
         "zero for two consecutive epochs).",
-        "- *longest migration call*: the longest `KeyedState.export` + `discard` of one step on "
-        "its old owner, or `load` of one arriving part on the new owner (the state's methods "
-        "wrapped with a timer inside the job): the time the migration itself holds a worker "
+        "- *longest migration call*: the longest `take(bins)` (export and forget the moving "
+        "bins' state) of one step on its old owner, or `load` of one arriving part on the new "
+        "owner (wrapped with a timer inside the job): the time the migration itself holds a worker "
         "in one go. Steps also carry the worker's regular work; their lengths are under "
         "*Workers*.",
         "",
@@ -723,20 +712,6 @@ def report(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
         "hardly grows after the first change).",
         "",
     ]
-    if warm:
-        lines += [
-            "## Diagnostic: the same runs with pyarrow's first table built before the first epoch",
-            "",
-            "Not the measured targets: the job calls `tokenflow.dataflow.state.pickled({})` once "
-            "on every worker before its first epoch, so the first state export of each worker "
-            "does not pay pyarrow's lazy import of pandas (see *Workers*: the first "
-            "export+discard on a worker against its later ones). Everything else is the same.",
-            "",
-            *targets_table(warm, cfg["settle"]),
-            "",
-            *changes_table(warm, bins),
-            "",
-        ]
     if references:
         lines += [
             "## References without rescaling (same rate and words)",
@@ -757,13 +732,12 @@ def report(runs: dict[str, dict[str, Any]], warm: dict[str, dict[str, Any]],
     lines += [
         "## Workers",
         "",
-        *workers_table({**runs, **{f"{k} (diagnostic)": a for k, a in warm.items()},
-                        **{f"reference: {k}": a for k, a in references.items()}}),
+        *workers_table({**runs, **{f"reference: {k}": a for k, a in references.items()}}),
         "",
         "- *CPU / wall*: `time.process_time()` over the run's wall time, per worker process. "
         "*Steps that parked first*: steps before which the worker had nothing activated and "
         "parked (waiting for messages up to the time to the next send); the others ran at once.",
-        "- *first export+discard*: the first step this worker sent bins away; *later*: the "
+        "- *first take*: the first step this worker sent bins away; *later*: the "
         "longest of its other steps. *Longest step*: wall time of one `worker.step()` (after "
         "the warm-up) and, in brackets, the CPU time its thread used meanwhile: a step much "
         "longer than its CPU time waited for a core (4 workers, the driver and other work on 2 "
@@ -812,7 +786,7 @@ def open_run(label: str, cfg: dict[str, Any], strategy: str | None,
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true",
-                        help="64 bins, 3 s between rescales, no diagnostic or reference runs "
+                        help="64 bins, 3 s between rescales, no reference runs "
                              "(~1.5 minutes)")
     parser.add_argument("--bins", type=int, default=256)
     parser.add_argument("--rate", type=float, default=20.0, help="epochs/s of the open loop")
@@ -860,25 +834,21 @@ def main() -> None:
         "warmup": min(2.0, args.interval / 2), "settle": min(2.0, args.interval / 3)}
     strategies = args.strategies.split(",")
     runs = {s: open_run(s, {**cfg, "salt": 10 + i}, s, args.dump) for i, s in enumerate(strategies)}
-    warm: dict[str, dict[str, Any]] = {}
     references: dict[str, dict[str, Any]] = {}
     if not args.quick:
-        slower = {**cfg, "warm": True, "startup": args.startup + 6.0}  # pandas imports first
-        warm = {s: open_run(f"{s} (diagnostic)", {**slower, "salt": 10 + i}, s, args.dump)
-                for i, s in enumerate(strategies)}
         references = {
             "megaphone_fold, no rescaling": open_run("reference: megaphone_fold", {
                 **cfg, "salt": 20}, None, args.dump),
             "state_machine, no rescaling": open_run("reference: state_machine", {
                 **cfg, "salt": 21, "operator": "state_machine"}, None, args.dump)}
-    text = report(runs, warm, references, maxima, cfg, args, load, when)
+    text = report(runs, references, maxima, cfg, args, load, when)
     print(text)
     if not args.no_write:
         RESULTS.mkdir(parents=True, exist_ok=True)
         path = RESULTS / "rescale.md"
         kept = path.read_text().partition(KEPT)[1:] if path.exists() else ("", "")
         path.write_text(text + "".join(kept))
-        plot(runs, warm, references, cfg, RESULTS / "rescale.png")
+        plot(runs, references, cfg, RESULTS / "rescale.png")
 
 
 if __name__ == "__main__":

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 import socket
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import pyarrow as pa
 
 from tokenflow.comm.tcp import Address, MeshSetupError, TcpAllocator, TcpMesh
 from tokenflow.coordinator import Reporter, attach
@@ -21,6 +24,13 @@ log = logging.getLogger(__name__)
 
 JOIN_TIMEOUT = 10.0
 """Seconds a worker joining a running job tries to reach the roster's workers."""
+
+
+def warm_arrow() -> None:
+    """Pay pyarrow's one-time costs before the first epoch: its first array conversion imports
+    pandas (0.2-0.4 s of CPU here), which otherwise lands in the middle of the stream, e.g. in
+    the first state export of a live rescale or the first Arrow batch of a NEXMark source."""
+    pa.array([0])
 
 
 def run_worker(
@@ -51,6 +61,7 @@ def run_worker(
     ``peers`` is the number of worker slots; ``roster`` the workers of the job now (default
     every slot); ``joining``: this worker joins the running job (``tokenflow.membership``).
     """
+    threading.Thread(target=warm_arrow, name="warm-arrow", daemon=True).start()
     kwargs = {} if max_frame is None else {"max_frame": max_frame}
     mesh = TcpMesh(index, peers, listener, secret, job, **kwargs)
     try:
