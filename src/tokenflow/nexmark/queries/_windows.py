@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -197,6 +197,8 @@ def group_slices(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return keys[starts], starts, stops
 
 
+_NO_HASHES = np.zeros(0, dtype=np.uint64)
+
 PART = "part"
 """Column telling which part of a ``ColumnarState`` a row of an exported table belongs to."""
 
@@ -207,6 +209,18 @@ def key_hashes(table: pa.Table, column: str) -> np.ndarray:
     return column_hashes(table.column(column))
 
 
+class Taken(NamedTuple):
+    """One part's rows taken out of a ``ColumnarState`` (``ColumnarState.take_rows``)."""
+
+    rows: pa.Table
+    """The taken rows: the columns ``rows()`` gives the part, in the order it gives them."""
+    hashes: np.ndarray | None
+    """Their key hashes (uint64, one per row), or None for worker-local rows."""
+    held: bool
+    """The part held rows before the take (``export`` then concatenates it, even when none of
+    its rows were taken: its columns are in every exported table)."""
+
+
 class ColumnarState(BinnedState):
     """A query operator's state whose rows are Arrow tables, exported per bin of their key.
 
@@ -214,13 +228,15 @@ class ColumnarState(BinnedState):
     columns in ``PARTS``; it implements ``rows`` (each part as a table with the stable hash of
     its key per row: the hash its input exchange routes that key by; None for worker-local
     rows), ``add_rows`` (add loaded rows of a part: the rows of several bins and old workers,
-    any order; a single part gets the table as exported) and ``clear``.
+    any order; a single part gets the table as exported), ``clear`` and ``take_rows``.
 
     ``export`` concatenates the parts (a ``PART`` column tells them apart when there are
     several; missing columns are null), computes every row's bin from its hash (one
     ``bins_of``) and splits the table by bin (one ``split_by_bin``); worker-local rows go
     whole to the home bin.  ``load`` concatenates the loaded tables and hands each part's rows
-    to ``add_rows`` once.  ``discard`` rebuilds the state from the bins it keeps.
+    to ``add_rows`` once.  ``take`` (and ``discard``) removes the rows of some bins with
+    ``take_rows``: one vectorized pass over the keys (hash, bin, mask) and a filter, then the
+    taken rows alone are assembled and split as ``export`` does.
     """
 
     PARTS: ClassVar[tuple[tuple[str, ...], ...]] = ()
@@ -238,14 +254,36 @@ class ColumnarState(BinnedState):
         """Forget every row."""
         raise NotImplementedError
 
+    def take_rows(self, member: np.ndarray) -> list[Taken] | None:
+        """Remove the rows whose key's bin ``b`` has ``member[b]`` (a bool array of length
+        ``bins or 1``) and return them per part (in ``PARTS`` order): exactly the rows, columns
+        and row order ``rows()`` gives those bins, so that ``take`` returns what ``export``
+        did.  Worker-local rows go all or none: by ``member[home_bin]``.  The rows kept must
+        export as before, row for row.  None (the default): not implemented, ``take`` falls
+        back to an export of the whole state and a reload of what stays."""
+        return None
+
+    def in_bins(self, hashes: np.ndarray, member: np.ndarray) -> np.ndarray:
+        """Mask (bool per row) of the key ``hashes`` (uint64) whose bin is a member."""
+        return member[bins_of(hashes, len(member))]
+
+    def local_member(self, member: np.ndarray) -> bool:
+        """Whether worker-local rows (exported under the home bin) are among ``member``."""
+        return 0 <= self.home_bin < len(member) and bool(member[self.home_bin])
+
     def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+        parts = self.rows()
+        return self._split([Taken(t, h, t.num_rows > 0) for t, h in parts], bins)
+
+    def _split(self, parts: Sequence[Taken], bins: Iterable[int] | None) -> dict[int, pa.Table]:
+        """The rows of ``parts`` per bin, as ``export`` returns them (parts not ``held`` are
+        left out of the concatenation)."""
         tables: list[pa.Table] = []
         hashes: list[np.ndarray] = []
         local = False
-        parts = self.rows()
         tagged = len(parts) > 1
-        for i, (table, h) in enumerate(parts):
-            if table.num_rows == 0:
+        for i, (table, h, held) in enumerate(parts):
+            if not held:
                 continue
             if tagged:
                 table = table.append_column(PART, pa.array(np.full(table.num_rows, i, np.int8)))
@@ -258,6 +296,8 @@ class ColumnarState(BinnedState):
             return {}
         table = tables[0] if len(tables) == 1 else \
             pa.concat_tables(tables, promote_options="default")
+        if table.num_rows == 0:
+            return {}
         if local:
             if bins is not None and self.home_bin not in set(bins):
                 return {}
@@ -283,15 +323,28 @@ class ColumnarState(BinnedState):
         self.take(bins)
 
     def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:
-        """``export(bins)`` then ``discard(bins)`` with one export: the state of ``bins`` (one
-        table per non-empty bin), no longer held here (the rest is rebuilt from its rows)."""
-        gone = set(bins)
-        everything = self.export()
-        taken = {b: t for b, t in everything.items() if b in gone}
-        if taken:
-            self.clear()
-            self.load({b: t for b, t in everything.items() if b not in gone})
-        return taken
+        """``export(bins)`` then ``discard(bins)``: the state of ``bins`` (one table per
+        non-empty bin, as ``export(bins)`` returns it), no longer held here.
+
+        Cost: one vectorized pass over the state's keys (hash, bin, membership mask) and one
+        filter of its arrays (``take_rows``), then the taken rows alone are concatenated and
+        split by bin; the rows kept are not rebuilt.  Bins outside ``[0, bins)`` are ignored.
+        """
+        member = np.zeros(self.bins or 1, dtype=bool)
+        wanted = np.fromiter(bins, dtype=np.int64)
+        member[wanted[(wanted >= 0) & (wanted < len(member))]] = True
+        if not member.any():
+            return {}
+        taken = self.take_rows(member)
+        if taken is None:  # a subclass without take_rows: the whole state, out and back in
+            gone = set(np.flatnonzero(member).tolist())
+            everything = self.export()
+            out = {b: t for b, t in everything.items() if b in gone}
+            if out:
+                self.clear()
+                self.load({b: t for b, t in everything.items() if b not in gone})
+            return out
+        return self._split(taken, None)
 
 
 class WindowMaxState(ColumnarState):
@@ -319,6 +372,40 @@ class WindowMaxState(ColumnarState):
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         self.add(table.select(self.schema.names).cast(self.schema))
+
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the rows of ``member`` bins: one hash of the key column over every held
+        row, one filter for the taken rows and one per held part with rows taken; a window
+        left without rows is forgotten (its token is released).  Worker-local (``key`` None):
+        everything when the home bin is a member, else nothing."""
+        parts = [t for _, kept in self.windows.values() for t in kept]
+        held = any(t.num_rows for t in parts)
+        if not held or (self.key is None and not self.local_member(member)):
+            return [Taken(self.schema.empty_table(), None if self.key is None else _NO_HASHES,
+                          held)]
+        table = concat(parts, self.schema)
+        if self.key is None:
+            self.windows = {}
+            return [Taken(table, None, True)]
+        hashes = key_hashes(table, self.key)
+        mask = self.in_bins(hashes, member)
+        if not mask.any():
+            return [Taken(table.slice(0, 0), _NO_HASHES, True)]
+        at = 0
+        for end, (best, kept) in list(self.windows.items()):
+            left: list[pa.Table] = []
+            for t in kept:
+                seg = mask[at:at + t.num_rows]
+                at += t.num_rows
+                if not seg.any():
+                    left.append(t)
+                elif not seg.all():
+                    left.append(t.filter(pa.array(~seg)))
+            if any(t.num_rows for t in left):
+                self.windows[end] = (best, left)
+            else:
+                del self.windows[end]
+        return [Taken(table.filter(pa.array(mask)), hashes[mask], True)]
 
     def clear(self) -> None:
         self.windows = {}
@@ -439,6 +526,6 @@ def window_max(stream: Stream, pact: Any, value: str, schema: pa.Schema, inclusi
     return unary_frontier(stream, pact, name, constructor)
 
 
-__all__ = ["PART", "ColumnarState", "WindowMaxState", "WindowTokens", "coalesce", "concat", "drain",
+__all__ = ["PART", "ColumnarState", "Taken", "WindowMaxState", "WindowTokens", "coalesce", "concat", "drain",
            "frontier_bound", "group_slices", "int_column", "key_hashes", "passed", "to_batch",
            "window_max"]

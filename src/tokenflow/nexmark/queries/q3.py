@@ -35,7 +35,7 @@ no tokens, so nothing is re-minted.
 
 from __future__ import annotations
 
-from itertools import repeat
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
@@ -45,9 +45,10 @@ import pyarrow.compute as pc
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary
+from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
-from tokenflow.nexmark.queries._windows import ColumnarState, int_column, key_hashes
+from tokenflow.nexmark.queries._windows import ColumnarState, Taken, int_column, key_hashes
 
 COLUMNS: list[str] = ["name", "city", "state", "id"]
 SCHEMA: pa.Schema = pa.schema([("name", pa.utf8()), ("city", pa.utf8()), ("state", pa.utf8()),
@@ -208,6 +209,52 @@ class JoinState(ColumnarState):
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         persons, waiting = self.person_table(), self.waiting_table()
         return [(persons, key_hashes(persons, "id")), (waiting, key_hashes(waiting, "seller"))]
+
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the persons and waiting auctions of ``member`` bins.
+
+        Persons: one hash of every stored id and a mask filter of the rows, times and ids;
+        when some go, the kept rows are renumbered (one table, and ``person_row`` rebuilt
+        from the kept ids with ``dict(zip(...))``: a C-level pass, no Python per row).
+        Waiting auctions: one hash of the waiting sellers; the taken sellers' lists are
+        popped (``map``), the others stay as they are."""
+        n = self._rows
+        ids = np.empty(n, dtype=np.int64)
+        if n:
+            ids[np.fromiter(self.person_row.values(), dtype=np.int64, count=n)] = \
+                np.fromiter(self.person_row.keys(), dtype=np.int64, count=n)
+        hashes = column_hashes(pa.array(ids))
+        mask = self.in_bins(hashes, member)
+        times = self.times()
+        if mask.any():
+            persons = self.persons().combine_chunks()
+            taken = persons.filter(pa.array(mask))
+            people = pa.table({"id": ids[mask], "name": taken.column("name"),
+                               "city": taken.column("city"), "state": taken.column("state"),
+                               "time": times[mask]})
+            keep = ~mask
+            kept_ids, kept_times = ids[keep], times[keep]
+            kept = persons.filter(pa.array(keep))
+            self._tables, self._rows = [], 0
+            self.person_row = dict(zip(kept_ids.tolist(), range(len(kept_ids)), strict=True))
+            if len(kept_ids):
+                self._append(kept, kept_times)
+        else:
+            people = self.person_table().slice(0, 0)
+        out = [Taken(people, hashes[mask], n > 0)]
+        sellers = np.fromiter(self.waiting.keys(), dtype=np.int64, count=len(self.waiting))
+        seller_hashes = column_hashes(pa.array(sellers))
+        gone = sellers[self.in_bins(seller_hashes, member)]
+        if len(gone) == 0:
+            return [*out, Taken(WAITING_SCHEMA.empty_table(), seller_hashes[:0],
+                                any(self.waiting.values()))]
+        held = any(self.waiting.values())
+        lists = list(map(self.waiting.pop, gone.tolist()))
+        counts = np.fromiter(map(len, lists), dtype=np.int64, count=len(lists))
+        pairs = np.array(list(chain.from_iterable(lists)), dtype=np.int64).reshape(-1, 2)
+        waiting = pa.table([np.repeat(gone, counts), pairs[:, 0], pairs[:, 1]],
+                           schema=WAITING_SCHEMA)
+        return [*out, Taken(waiting, key_hashes(waiting, "seller"), held)]
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         if part == 0:

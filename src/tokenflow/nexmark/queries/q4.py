@@ -55,9 +55,11 @@ import pyarrow as pa
 from tokenflow.dataflow.capability import Capability, CapabilitySet
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo
+from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
     ColumnarState,
+    Taken,
     coalesce,
     drain,
     frontier_bound,
@@ -226,6 +228,25 @@ class AuctionBook(ColumnarState):
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
 
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the open auctions and waiting bids of ``member`` bins: one hash of the ids
+        (``auction``) and one mask filter per array; the kept arrays stay sorted by ``id``."""
+        out = []
+        for arrays, key in ((self.open, "id"), (self.waiting, "auction")):
+            keys = arrays[key]
+            if len(keys) == 0:
+                out.append(Taken(pa.table({k: v[:0] for k, v in arrays.items()}), keys[:0].view(
+                    np.uint64), False))
+                continue
+            hashes = column_hashes(pa.array(keys))
+            mask = self.in_bins(hashes, member)
+            taken = {k: v[mask] for k, v in arrays.items()}
+            if mask.any():
+                keep = ~mask
+                arrays.update({k: v[keep] for k, v in arrays.items()})
+            out.append(Taken(pa.table(taken), hashes[mask], True))
+        return out
+
     def load(self, parts: Mapping[int, pa.Table]) -> None:
         """Add the rows of ``parts`` (``ColumnarState.load``), then apply the waiting bids
         whose auction is now open: a moved bin's bids may have arrived before its auctions'
@@ -360,22 +381,62 @@ class CategoryAverages(ColumnarState):
         """The least pending time (the one token needed), or ``[]``."""
         return [min(t for t, _ in self.pending)] if self.pending else []
 
+    def pending_table(self) -> pa.Table:
+        """The pending winners as one ``PENDING_SCHEMA`` table, in ``pending`` order."""
+        if not self.pending:
+            return PENDING_SCHEMA.empty_table()
+        winners = pa.Table.from_batches([b for _, b in self.pending]) \
+            .select(["category", "price"]).cast(WINNER_SCHEMA)
+        times = np.repeat(np.fromiter((t for t, _ in self.pending), np.int64),
+                          [len(b) for _, b in self.pending])
+        return winners.append_column("time", pa.array(times, pa.int64()))
+
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         n = len(self.sums)
         totals = pa.table([np.fromiter(self.sums.keys(), np.int64, n),
                            np.fromiter(self.sums.values(), np.int64, n),
                            np.fromiter((self.counts[k] for k in self.sums), np.int64, n)],
                           schema=TOTALS_SCHEMA)
-        if self.pending:
-            winners = pa.Table.from_batches([b for _, b in self.pending]) \
-                .select(["category", "price"]).cast(WINNER_SCHEMA)
-            times = np.repeat(np.fromiter((t for t, _ in self.pending), np.int64),
-                              [len(b) for _, b in self.pending])
-            pending = winners.append_column("time", pa.array(times, pa.int64()))
-        else:
-            pending = PENDING_SCHEMA.empty_table()
+        pending = self.pending_table()
         return [(totals, key_hashes(totals, "category")),
                 (pending, key_hashes(pending, "category"))]
+
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the totals and pending winners of ``member`` bins: one hash of the held
+        categories and one of the pending winners' (a mask filter each); a pending batch is
+        filtered only when some of its rows go, and dropped when all do."""
+        n = len(self.sums)
+        keys = np.fromiter(self.sums.keys(), np.int64, n)
+        hashes = column_hashes(pa.array(keys))
+        mask = self.in_bins(hashes, member)
+        gone = keys[mask].tolist()
+        totals = pa.table([keys[mask], np.fromiter(map(self.sums.__getitem__, gone), np.int64,
+                                                   len(gone)),
+                           np.fromiter(map(self.counts.__getitem__, gone), np.int64, len(gone))],
+                          schema=TOTALS_SCHEMA)
+        if gone:
+            kept = keys[~mask].tolist()
+            self.sums = dict(zip(kept, map(self.sums.__getitem__, kept), strict=True))
+            self.counts = dict(zip(kept, map(self.counts.__getitem__, kept), strict=True))
+        out = [Taken(totals, hashes[mask], n > 0)]
+        if not self.pending:
+            return [*out, Taken(PENDING_SCHEMA.empty_table(), hashes[:0], False)]
+        pending = self.pending_table()
+        cats = pending.column("category")
+        phashes = column_hashes(cats)
+        pmask = self.in_bins(phashes, member)
+        if pmask.any():
+            left: list[tuple[int, pa.RecordBatch]] = []
+            at = 0
+            for t, b in self.pending:
+                seg = pmask[at:at + len(b)]
+                at += len(b)
+                if not seg.any():
+                    left.append((t, b))
+                elif not seg.all():
+                    left.append((t, b.filter(pa.array(~seg))))
+            self.pending = left
+        return [*out, Taken(pending.filter(pa.array(pmask)), phashes[pmask], pending.num_rows > 0)]
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         if part == 0:

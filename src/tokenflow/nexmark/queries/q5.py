@@ -43,9 +43,11 @@ from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary
+from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
     ColumnarState,
+    Taken,
     WindowTokens,
     concat,
     drain,
@@ -160,6 +162,42 @@ class WindowCounts(ColumnarState):
         table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
                          schema=COUNTS_SCHEMA)
         return [(table, key_hashes(table, "auction"))]
+
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the partial counts of the auctions of ``member`` bins: one hash of every
+        held partial's auctions, a mask filter per partial with rows taken, and the taken
+        partials summed per window (as ``rows()`` sums them); a window left without
+        partials is forgotten (its token is released)."""
+        held = [(end, part) for end, parts in self.partials.items() for part in parts]
+        if not held:
+            return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
+        hashes = column_hashes(pa.array(np.concatenate([a for _, (a, _) in held])))
+        mask = self.in_bins(hashes, member)
+        if not mask.any():
+            return [Taken(COUNTS_SCHEMA.empty_table(), hashes[:0], True)]
+        taken: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        left: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        at = 0
+        for end, (a, c) in held:
+            seg = mask[at:at + len(a)]
+            at += len(a)
+            kept = left.setdefault(end, [])
+            if not seg.any():
+                kept.append((a, c))
+                continue
+            taken.setdefault(end, []).append((a[seg], c[seg]))
+            if not seg.all():
+                kept.append((a[~seg], c[~seg]))
+        self.partials = {end: parts for end, parts in left.items() if parts}
+        ends, auctions, counts = [], [], []
+        for end, parts in taken.items():
+            a, c = _sum_counts(parts)
+            ends.append(np.full(len(a), end, dtype=np.int64))
+            auctions.append(a)
+            counts.append(c)
+        table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
+                         schema=COUNTS_SCHEMA)
+        return [Taken(table, key_hashes(table, "auction"), True)]
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")

@@ -40,9 +40,16 @@ import pyarrow.compute as pc
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo
+from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
-from tokenflow.nexmark.queries._windows import ColumnarState, WindowTokens, int_column, key_hashes
+from tokenflow.nexmark.queries._windows import (
+    ColumnarState,
+    Taken,
+    WindowTokens,
+    int_column,
+    key_hashes,
+)
 from tokenflow.rescale.migrate import Elastic, keyed_operator, migrates
 
 COLUMNS: list[str] = ["window_start", "window_end", "id", "name"]
@@ -63,6 +70,8 @@ FROM (SELECT id, name, window(timestamp_millis(dateTime), '10 seconds') AS w FRO
 JOIN (SELECT seller, window(timestamp_millis(dateTime), '10 seconds') AS w FROM auction) a
   ON p.id = a.seller AND p.w.start = a.w.start
 """
+
+_NO_HASHES = np.zeros(0, dtype=np.uint64)
 
 PERSON_SCHEMA = pa.schema([("id", pa.int64()), ("name", pa.utf8())])
 PERSON_ROWS = pa.schema([("window_end", pa.int64()), ("id", pa.int64()), ("name", pa.utf8())])
@@ -163,6 +172,71 @@ class WindowState(ColumnarState):
         else:
             sellers = SELLER_ROWS.empty_table()
         return [(persons, key_hashes(persons, "id")), (sellers, key_hashes(sellers, "seller"))]
+
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
+        """Remove the persons and sellers of ``member`` bins.
+
+        Persons: one hash of every held id (per window, over its batches as one table); a
+        window with persons taken is filtered once each way (its kept persons become one
+        batch).  Sellers: one hash of every held seller id (repeats included); a window with
+        sellers taken keeps the others as one array and exports the distinct taken ones, as
+        ``rows()`` does.  A window left without persons (sellers) is forgotten there; one
+        left with neither releases its token."""
+        person_parts: list[pa.Table] = []
+        person_ends: list[np.ndarray] = []
+        person_hashes: list[np.ndarray] = []
+        held_persons = False
+        for end, batches in list(self.persons.items()):
+            table = pa.Table.from_batches(batches, schema=PERSON_SCHEMA)
+            if table.num_rows == 0:
+                del self.persons[end]
+                continue
+            held_persons = True
+            hashes = column_hashes(table.column("id"))
+            mask = self.in_bins(hashes, member)
+            if not mask.any():
+                continue
+            table = table.combine_chunks()
+            taken = table.filter(pa.array(mask))
+            person_parts.append(taken)
+            person_ends.append(np.full(taken.num_rows, end, dtype=np.int64))
+            person_hashes.append(hashes[mask])
+            if mask.all():
+                del self.persons[end]
+            else:
+                self.persons[end] = table.filter(pa.array(~mask)).to_batches()
+        if person_parts:
+            people = pa.concat_tables(person_parts)
+            persons = pa.table([np.concatenate(person_ends), people.column("id"),
+                                people.column("name")], schema=PERSON_ROWS)
+        else:
+            persons = PERSON_ROWS.empty_table()
+        seller_parts: list[tuple[int, np.ndarray]] = []
+        held_sellers = False
+        for end, arrays in list(self.sellers.items()):
+            sellers = arrays[0] if len(arrays) == 1 else \
+                np.concatenate([np.zeros(0, dtype=np.int64), *arrays])
+            if len(sellers) == 0:
+                del self.sellers[end]
+                continue
+            held_sellers = True
+            mask = self.in_bins(column_hashes(pa.array(sellers)), member)
+            if not mask.any():
+                continue
+            seller_parts.append((end, np.unique(sellers[mask])))
+            if mask.all():
+                del self.sellers[end]
+            else:
+                self.sellers[end] = [sellers[~mask]]
+        if seller_parts:
+            sellers_taken = pa.table(
+                [np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a in seller_parts]),
+                 np.concatenate([a for _, a in seller_parts]).astype(np.int64, copy=False)],
+                schema=SELLER_ROWS)
+        else:
+            sellers_taken = SELLER_ROWS.empty_table()
+        return [Taken(persons, np.concatenate([*person_hashes, _NO_HASHES]), held_persons),
+                Taken(sellers_taken, key_hashes(sellers_taken, "seller"), held_sellers)]
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")
