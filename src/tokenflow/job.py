@@ -134,6 +134,11 @@ class JobHandle:
         self.migrating = True
         """The job has migrating (Megaphone) operators: ``scale`` moves their bins (False: it
         only adds and removes workers)."""
+        self.move_sources = False
+        """``scale``, ``remove_worker`` and ``replace_worker`` also re-split the job's sources
+        (``tokenflow.resplit``): joining workers read a share, leaving ones hand theirs away."""
+        self.source_moves: list[Any] = []
+        """What every re-split moved (``tokenflow.resplit.SourceMove``), in order."""
         self._result: list[Any] | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._run, args=(run,), daemon=True,
@@ -208,16 +213,23 @@ class JobHandle:
                 break
         raise ControlError(f"worker 0 did not acknowledge {what} within {timeout} s")
 
-    def add_worker(self, timeout: float = 60.0, inputs: bool = False) -> int:
+    def add_worker(self, timeout: float = 60.0, inputs: bool = False,
+                   sources: bool = False) -> int:
         """Start a worker in a free slot and join it to the running job (its progress state
         bootstrapped from a running worker; ``tokenflow.membership``); returns its index.  It
         owns no bins until a ``rescale`` gives it some.  With ``inputs``, it is also lent a
         token for each open ``InputHandle`` at the job's current epoch, so its worker code can
-        feed them (``handle.ready`` turns True); without, it can only close them.
+        feed them (``handle.ready`` turns True); without, it can only close them.  With
+        ``sources``, every replayable source's remaining work is re-split at a logical time
+        so that it reads a share (``tokenflow.resplit``; its splits, or for an untimed
+        directory source the files first listed from then on); without, its sources read
+        nothing until a later re-split gives them some.
 
         Raises:
             MembershipError: no free slot (``start(..., slots=M)``), or the runtime cannot
                 start workers.
+            HandoverError: a source that cannot hand its work over (e.g. a directory source
+                with a time column); the worker has joined.
             ControlError: a worker did not answer within ``timeout`` s, or the job ended.
         """
         from tokenflow.membership import MembershipError, join, lend
@@ -239,14 +251,25 @@ class JobHandle:
         self.roster = sorted([*self.roster, k])
         if inputs:
             lend(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+        if sources:
+            self._move_sources([w for w in self.roster if w != k], list(self.roster), timeout)
         return k
 
-    def remove_worker(self, worker: int, strategy: str = "batched", timeout: float = 60.0) -> None:
+    def _move_sources(self, old: list[int], new: list[int], timeout: float) -> None:
+        from tokenflow.resplit import move_sources
+
+        self.source_moves += move_sources(self.hub, old, new, timeout, self._thread.is_alive)
+
+    def remove_worker(self, worker: int, strategy: str = "batched", timeout: float = 60.0,
+                      sources: bool | None = None) -> None:
         """Move ``worker``'s bins of every migrating operator to the other workers, then let
-        it leave the running job (``tokenflow.membership``).
+        it leave the running job (``tokenflow.membership``).  With ``sources`` (default
+        ``move_sources``) its sources' remaining work is first handed to the others
+        (``tokenflow.resplit``); without, it leaves only once its sources have ended.
 
         Raises:
             ValueError: ``worker`` is not in the roster, or is the last one.
+            HandoverError: a source that cannot hand its work over (nothing moved yet).
             ControlError: a worker did not answer within ``timeout`` s, or the job ended.
         """
         from tokenflow.membership import leave
@@ -254,6 +277,8 @@ class JobHandle:
         if worker not in self.roster or len(self.roster) == 1:
             raise ValueError(f"cannot remove worker {worker} from {self.roster}")
         rest = [w for w in self.roster if w != worker]
+        if self.move_sources if sources is None else sources:
+            self._move_sources(list(self.roster), rest, timeout)
         if self.migrating:
             self.scale_steps += self.rescale(rest, strategy, timeout)
         leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
@@ -264,8 +289,9 @@ class JobHandle:
         """Replace ``worker`` by a new one in one layout change (a rolling upgrade step: the
         new worker joins in a free slot, every bin of ``worker`` moves straight to it and no
         other bin moves, then ``worker`` leaves); returns the new worker's index.  ``worker``
-        must hold no input token by then (its worker code closed its inputs): its sources
-        are not handed over.
+        must hold no input token by then (its worker code closed its inputs); with
+        ``move_sources`` its sources' remaining work is handed over (to the new worker, as the
+        one below its share), otherwise it must hold none either.
 
         Raises:
             ValueError: ``worker`` is not in the roster.
@@ -276,6 +302,9 @@ class JobHandle:
         if worker not in self.roster:
             raise ValueError(f"cannot replace worker {worker}: not in {self.roster}")
         new = self.add_worker(timeout)
+        if self.move_sources:
+            self._move_sources(list(self.roster), [w for w in self.roster if w != worker],
+                               timeout)
         if self.migrating:
             rest = [w for w in self.roster if w != worker]
             self.scale_steps += self._rescale(
@@ -299,7 +328,7 @@ class JobHandle:
         self.scale_steps = 0
         if n > len(self.roster):
             while len(self.roster) < n:
-                self.add_worker(timeout)
+                self.add_worker(timeout, sources=self.move_sources)
             if self.migrating:
                 self.scale_steps += self.rescale(list(self.roster), strategy, timeout)
         while len(self.roster) > n:

@@ -64,7 +64,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget", "address", "lend", "applied?",
-            "release")
+            "release", "fence", "resplit", "resplit?")
 """Control-plane commands the ``MembershipAgent`` carries out."""
 
 
@@ -89,6 +89,8 @@ class MembershipAgent:
         self._farewells: set[int] = set()
         self._lends: list[tuple[int, dict[str, Any], int]] = []  # (joiner, lent, at step)
         self._checks: list[tuple[int, dict[int, int]]] = []  # (lender, floors)
+        self._resplit: list[str] = []  # sources of the last re-split (phase 2)
+        self._resplit_asked = False  # the driver waits for their pieces (``resplit?``)
         self.served: list[float] = []
         """Seconds each bootstrap this worker served took (between two of its steps)."""
         self.state_bytes: list[int] = []
@@ -122,8 +124,31 @@ class MembershipAgent:
             worker.set_roster(rest, progress=[*rest, leaver])
             worker.send_membership(leaver, ("farewell", worker.index))
             self.link.send({"kind": "dismissed", "worker": worker.index, "leaver": leaver})
-        elif kind == "lend":  # copies of this worker's input tokens for a joining worker
-            self._lends.append((int(message["joiner"]), worker.lend_inputs(), worker.steps))
+        elif kind == "lend":  # copies of this worker's input (or source) tokens for a joiner
+            keys = message.get("keys")
+            lent = worker.lend_inputs(None if keys is None else [str(k) for k in keys])
+            self._lends.append((int(message["joiner"]), lent, worker.steps))
+        elif kind == "fence":  # a re-split's phase 1 (tokenflow.io.handover, tokenflow.resplit)
+            margin = int(message.get("margin", 2))
+            reply = {}
+            try:
+                for key, handle in worker.sources.items():
+                    if hasattr(handle, "fence"):
+                        reply[key] = handle.fence(margin)
+            except RuntimeError as exc:  # a source that cannot hand over: the driver says why
+                for key in reply:
+                    worker.sources[key].reassign({"t": None})  # lift the fences again
+                self.link.send({"kind": "fenced", "worker": worker.index, "sources": {},
+                                "error": f"worker {worker.index}: {exc}"[:2000]})
+                return
+            self.link.send({"kind": "fenced", "worker": worker.index, "sources": reply})
+        elif kind == "resplit":  # phase 2: the new assignment from t on
+            sources = worker.sources
+            for key, plan in message["sources"].items():
+                sources[key].reassign(plan)
+            self._resplit = list(message["sources"])
+        elif kind == "resplit?":  # reply once every piece the re-split brings has arrived
+            self._resplit_asked = True
         elif kind == "applied?":  # has this worker applied the lender's batches with the +1?
             floors = {int(df): int(seq) for df, seq in message["floors"]}
             self._checks.append((int(message["lender"]), floors))
@@ -159,6 +184,13 @@ class MembershipAgent:
             self._lent(worker)
         if self._checks:
             self._answer_checks(worker)
+        if self._resplit_asked:
+            sources = worker.sources
+            keys = [key for key in self._resplit if key in sources]
+            if all(sources[key].handed_over for key in keys):
+                self._resplit_asked = False
+                self.link.send({"kind": "resplit_done", "worker": worker.index,
+                                "read": {key: sources[key].rows_read for key in keys}})
         if self._leaving:
             self._leave(worker)
 
@@ -283,9 +315,35 @@ def lend(hub: Any, roster: list[int], joiner: int, timeout: float,
     Raises:
         ControlError: a worker did not answer within ``timeout`` s, or the job ended.
     """
-    lender = roster[0]
-    hub.send(lender, {"kind": "lend", "joiner": joiner})
-    reply = _gather(hub, "lent", [lender], timeout, alive)[lender]
+    reply = lend_begin(hub, roster[0], joiner, None, timeout, alive)
+    lend_finish(hub, roster, roster[0], joiner, reply, timeout, alive)
+    return int(reply["inputs"])
+
+
+def lend_begin(hub: Any, lender: int, joiner: int, keys: list[str] | None, timeout: float,
+               alive: Callable[[], bool]) -> dict[str, Any]:
+    """Have ``lender`` copy its tokens of every open input (``keys`` None) or of the inputs
+    and sources ``keys`` and hand them to ``joiner``; returns its ``lent`` reply (``inputs``:
+    tokens lent, ``floors``: its progress batches that count them).
+
+    Raises:
+        ControlError: no reply within ``timeout`` s, or the job ended.
+    """
+    command: dict[str, Any] = {"kind": "lend", "joiner": joiner}
+    if keys is not None:
+        command["keys"] = list(keys)
+    hub.send(lender, command)
+    return _gather(hub, "lent", [lender], timeout, alive)[lender]
+
+
+def lend_finish(hub: Any, roster: list[int], lender: int, joiner: int, reply: dict[str, Any],
+                timeout: float, alive: Callable[[], bool]) -> None:
+    """Once every worker of ``roster`` has applied the lender's batches below the floors of
+    its ``lent`` reply, let ``joiner`` release the lent tokens.
+
+    Raises:
+        ControlError: a worker did not answer within ``timeout`` s, or the job ended.
+    """
     # every worker, the lender too: a worker applies its own batches as it receives them, so
     # its view may still lack the copy's count when it sees the joiner release the token
     for w in roster:
@@ -293,7 +351,6 @@ def lend(hub: Any, roster: list[int], joiner: int, timeout: float,
     _gather(hub, "applied", roster, timeout, alive)
     hub.send(joiner, {"kind": "release"})
     _gather(hub, "released", [joiner], timeout, alive)
-    return int(reply["inputs"])
 
 
 def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
@@ -317,4 +374,5 @@ def leave(hub: Any, roster: list[int], leaver: int, timeout: float,
     _gather(hub, "forgotten", others, timeout, alive)
 
 
-__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "addresses", "join", "leave", "lend"]
+__all__ = ["COMMANDS", "MembershipAgent", "MembershipError", "addresses", "join", "leave", "lend",
+           "lend_begin", "lend_finish"]

@@ -63,14 +63,40 @@ class Activations:
 class Traffic:
     """Records this worker's operators pushed into channels (``sent``: each record counted
     once per worker that receives it) and pulled out of them (``received``).  Summed over all
-    workers of a job, ``sent == received`` once no data message is in flight; the quiescence
-    check before a snapshot relies on it (``tokenflow.snapshot``)."""
+    workers of a job, ``sent == received`` once no data message is in flight; the checks that
+    a snapshot is a consistent cut rely on it (``tokenflow.control``).
 
-    __slots__ = ("sent", "received")
+    ``barrier``: while an aligned checkpoint at epoch ``e`` waits for this worker's capture
+    (``tokenflow.control``), ``e``, else None.  An operator input then holds back the first
+    message at a time at or after ``e`` (by its outermost coordinate) instead of handing it to
+    its operator, and every message behind it, until ``lift()`` (``OperatorInput.next``); a
+    held message is not counted in ``received`` until it is handed over.  ``held``: the
+    inputs holding one."""
+
+    __slots__ = ("sent", "received", "barrier", "held")
 
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
+        self.barrier: int | None = None
+        self.held: list[Any] = []
+
+    def holds(self, time: Any) -> bool:
+        """True while a barrier is up and ``time`` (its outermost coordinate: a nested scope's
+        ``Product`` times nest the outer one first) is at or after it."""
+        barrier = self.barrier
+        if barrier is None:
+            return False
+        while isinstance(time, tuple):
+            time = time[0]
+        return bool(time >= barrier)
+
+    def lift(self) -> list[Any]:
+        """Take the barrier down; returns the inputs that held a message (wake their operators:
+        ``OperatorInput.release``)."""
+        self.barrier = None
+        held, self.held = self.held, []
+        return held
 
 
 class Worker:
@@ -140,8 +166,9 @@ class Worker:
         self.adopters: dict[str, Any] = {}
         """On a joining worker: per input key, the input operator's ``OperatorCore`` (what a
         token lent to it is made for, even after the worker code dropped the handle)."""
-        self._lent: list[tuple[Any, tuple[int, ...]]] = []  # adopted (LentToken, input path)
-        self._lent_released = False
+        self._lent: list[tuple[Any, tuple[int, ...], int]] = []  # (LentToken, path, lend round)
+        self._lends = 0  # lends adopted (one "lent" message per lend round)
+        self._releases = 0  # releases the driver sent (one per lend round, in order)
         self.traffic = Traffic()
         self.stopped = False
         """Set by ``stop()``: the control plane ended the job (after a snapshot)."""
@@ -333,6 +360,8 @@ class Worker:
                 self._bootstrap_state = (message[1], message[2])
             elif message[0] == "lent":
                 self._adopt_inputs(message[1])
+            elif message[0] == "source":  # a source's work handed here (tokenflow.io.handover)
+                self.sources[message[1]].receive(message[2])
             elif message[0] == "routing":
                 for controller, history in zip(self.rescalers, message[1], strict=True):
                     controller.adopt(history)
@@ -404,24 +433,27 @@ class Worker:
 
     # -- inputs lent to a joining worker (``tokenflow.membership``) ----------------------------
 
-    def lend_inputs(self) -> dict[str, Any]:
-        """Copy the token of each open ``InputHandle`` of this worker's running dataflows and
+    def lend_inputs(self, keys: list[str] | None = None) -> dict[str, Any]:
+        """Copy the token of each open ``InputHandle`` of this worker's running dataflows (or,
+        with ``keys``, of those inputs and sources: a source lends one token per output) and
         hand the copies over (counted in this worker's progress stream from its next step on,
-        owned by the joining worker that adopts them); ``{input key: time}``, the time None
-        for an input this worker has closed (the joiner closes it too)."""
+        owned by the joining worker that adopts them); ``{key: time}``, the time None for an
+        input this worker has closed (the joiner closes it too) or a source that ended."""
         from tokenflow.dataflow.input import InputHandle
 
         lent = {}
         for key, handle in self.sources.items():
-            if not isinstance(handle, InputHandle) or len(handle.path) != 2:
+            if (key not in keys) if keys is not None else not isinstance(handle, InputHandle):
                 continue
-            subgraph = self._dataflows.get(handle.path[0])
+            path: tuple[int, ...] = getattr(handle, "path", ())
+            subgraph = self._dataflows.get(path[0]) if len(path) == 2 else None
             if subgraph is None:
                 continue
             at = handle.lend()
             lent[key] = at
             if at is not None:
-                subgraph.progcaster.disown((Source(handle.path[1], 0), at))
+                for port in range(getattr(handle, "ports", 1)):
+                    subgraph.progcaster.disown((Source(path[1], port), at))
         return lent
 
     def _adopt_inputs(self, lent: dict[str, Any]) -> None:
@@ -433,32 +465,42 @@ class Worker:
             if core is None:
                 raise RuntimeError(f"worker {self.index}: was lent a token for input {key!r}, "
                                    "which it does not have (did it build other dataflows?)")
-            handle = handles.get(key)
+            handle: Any = handles.get(key)
             if at is None:  # closed on the lender: nothing more comes into it
-                if handle is not None:
+                if handle is not None and not hasattr(handle, "adopt_lent"):
                     handle.close()
                     handle.ready = True
                 continue
-            token, gate = lent_token(core, at)
-            if handle is not None:
-                handle.adopt(token)
+            lent_tokens = [lent_token(core, at, port) for port in range(core.outputs)]
+            if hasattr(handle, "adopt_lent"):  # a source: one token per output
+                handle.adopt_lent([token for token, _ in lent_tokens])
+            elif handle is not None:
+                handle.adopt(lent_tokens[0][0])
             else:  # the worker code dropped the handle: the input is closed here
-                token.drop()
+                lent_tokens[0][0].drop()
             subgraph = self._dataflows.get(core.path[0])
-            if subgraph is not None:
-                subgraph.progcaster.own((Source(core.path[1], 0), at))
-            self._lent.append((gate, core.path))
-        if self._lent_released:
-            self.release_lent()
+            for port, (_, gate) in enumerate(lent_tokens):
+                if subgraph is not None:
+                    subgraph.progcaster.own((Source(core.path[1], port), at))
+                self._lent.append((gate, core.path, self._lends + 1))
+        self._lends += 1
+        self._release_due()
 
     def release_lent(self) -> None:
-        """Let the tokens lent to this worker be released from now on (every worker has
-        applied the lender's count); a token lent later is released at once."""
-        self._lent_released = True
-        for gate, path in self._lent:
-            gate.release()
-            self.activations.activate(path)  # the input reports what was held back
-        self._lent.clear()
+        """Let the tokens of the next lend round be released (every worker has applied the
+        lender's count); when they have not arrived yet, they are released as they come."""
+        self._releases += 1
+        self._release_due()
+
+    def _release_due(self) -> None:
+        keep = []
+        for gate, path, round_ in self._lent:
+            if round_ <= self._releases:
+                gate.release()
+                self.activations.activate(path)  # the operator reports what was held back
+            else:
+                keep.append((gate, path, round_))
+        self._lent = keep
 
     def holds_tokens(self) -> list[str]:
         """Tokens this worker's operators hold now, as ``"operator output port at times"``
@@ -529,6 +571,21 @@ class Worker:
     @property
     def dataflows_running(self) -> int:
         return len(self._dataflows)
+
+    def complete_before(self, epoch: int) -> bool:
+        """True when this worker's view of every running dataflow holds no pointstamp (a token
+        or a message in flight) at a time before ``epoch``: every record at such a time was
+        consumed, on every worker, and no operator can still produce one.  Conservative (timely's
+        progress safety): another worker's view may already be complete when this one's is
+        not, never the other way round.  Checks the top-level scopes (a nested scope's work
+        appears there as its tokens)."""
+        for subgraph in self._dataflows.values():
+            for per_op in subgraph.tracker.per_operator:
+                for info in (*per_op.targets, *per_op.sources):
+                    for t in info.pointstamps.frontier():
+                        if t < epoch:
+                            return False
+        return True
 
     def frontiers(self) -> dict[str, dict[str, list[Any]]]:
         """Per running dataflow, the input frontier of each top-level operator (by name).

@@ -99,11 +99,11 @@ class LentToken(ChangeBatch[Any]):
             self.target.update(key, diff)
 
 
-def lent_token(core: Any, time: Any) -> tuple[Capability, LentToken]:
-    """A token at ``time`` for output 0 of the input operator ``core`` (its ``OperatorCore``)
-    that another worker lent this one, and its bookkeeping."""
-    gate = LentToken(core.internal[0])
-    return Capability(time, gate, 0, core.name, core.wake), gate
+def lent_token(core: Any, time: Any, port: int = 0) -> tuple[Capability, LentToken]:
+    """A token at ``time`` for output ``port`` of the input or source operator ``core`` (its
+    ``OperatorCore``) that another worker lent this one, and its bookkeeping."""
+    gate = LentToken(core.internal[port])
+    return Capability(time, gate, port, core.name, core.wake), gate
 
 
 class InputHandle:

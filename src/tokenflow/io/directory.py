@@ -252,6 +252,9 @@ class _DirectoryReader(_Reader):
     def _discover(self) -> None:
         if self.ending or self.paused or clock.monotonic() < self.next_poll:
             return
+        moves = self.moves
+        if moves is not None and not moves.complete:
+            return  # a re-split: fenced, or names other workers took still to come
         now_ms = int(clock.time() * 1000)
         current = now_ms - now_ms % self.poll_ms
         if self.last_round is not None:
@@ -267,6 +270,8 @@ class _DirectoryReader(_Reader):
                      if _visible(n) and n != self.end_marker and n not in self.taken)
         floor = self.tokens[0].time if self.tokens else 0
         epoch = max(current, floor, self.seal_from or 0)  # never a replayed (logged) epoch
+        if moves is not None and moves.at is not None:
+            epoch = max(epoch, moves.at)  # from a re-split's t on: the new table
         for name in self._owned(new):
             self.taken.add(name)
             offset = self.restored.get(name, 0)

@@ -494,6 +494,12 @@ class _Reader:
         self.max_emitted: int | None = None
         self.activate: Callable[[], None] = lambda: None
         self.metrics: dict[str, int] = {}
+        self.rows_read = 0  # positions this worker emitted (read) in this run
+        self.waiting = False  # on a joined worker: its tokens are uncounted until it is lent some
+        self.moves: Any = None  # ``tokenflow.io.handover.Handover``, once re-split
+        self.splits: dict[str, Split] = {}  # every split by key (a static source's receivers)
+        self.job_worker: Any = None
+        self.key = name
 
     # -- hooks for dynamic sources ----------------------------------------------------------
 
@@ -649,7 +655,7 @@ class _Reader:
         return {st.key: st.offset for st in self.states}
 
     def logic(self, outputs: list[Any]) -> None:
-        if not self.tokens:
+        if not self.tokens or self.waiting:
             return
         if self.closed:
             self._finish()
@@ -661,10 +667,19 @@ class _Reader:
         while True:
             for st in self.live:
                 self._fill(st)
+            moves = self.moves
+            if moves is not None and moves.give:
+                from tokenflow.io.handover import hand_off
+
+                hand_off(self)
             if any(st.done for st in self.live):
                 self.live = [st for st in self.live if not st.done]
             live = self.live
             bound = self._bound()
+            if moves is not None:  # fenced, or splits handed to this worker still to come
+                held = moves.bound(self.frontier())
+                if held is not None:
+                    bound = held if bound is None else min(bound, held)
             low = min(int(st.logical[st.cursor]) for st in live) if live else None  # type: ignore[index]
             if bound is not None:
                 low = bound if low is None else min(low, bound)
@@ -676,7 +691,11 @@ class _Reader:
             with self.lock:
                 if not self._round(live, low):
                     return
-                emitted += self._emit(live, self._cutoff(live), outputs)
+                sent = self._emit(live, self._cutoff(live), outputs)
+            if not sent:  # held below every row it has (a limit, a handover's bound)
+                self._idle()
+                return
+            emitted += sent
             if emitted >= self.max_rows:
                 self.activate()
                 return
@@ -693,6 +712,10 @@ class _Reader:
         if limit is not None and low >= limit:
             self._advance(low)
             return False
+        fence = self.moves.fence if self.moves is not None and self.moves.deciding else None
+        if fence is not None and low >= fence:  # a re-split is being decided
+            self._advance(low)
+            return False
         floor = self.tokens[0].time
         if low < floor:
             raise self._late(next(st for st in live if st.logical[st.cursor] == low), floor)  # type: ignore[index]
@@ -707,7 +730,8 @@ class _Reader:
         least logical time at which some split's buffer ends, and none at or after a pause."""
         horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
         cutoff = horizon + self.granularity
-        for bound in (self.pause, self.limit):
+        fence = self.moves.fence if self.moves is not None and self.moves.deciding else None
+        for bound in (self.pause, self.limit, fence):
             if bound is not None:
                 cutoff = min(cutoff, bound)
         return cutoff
@@ -720,7 +744,12 @@ class _Reader:
         for st in live:
             assert st.times is not None and st.logical is not None
             lo = st.cursor
-            hi = int(np.searchsorted(st.times, cutoff, side="left"))
+            end = cutoff
+            if self.moves is not None and self.moves.give:
+                from tokenflow.io.handover import split_cutoff
+
+                end = split_cutoff(self, st, cutoff)
+            hi = int(np.searchsorted(st.times, end, side="left"))
             if hi <= lo:
                 continue
             logical = st.logical[lo:hi]
@@ -733,6 +762,7 @@ class _Reader:
                         pieces[out].append((st.logical[index[r0:r1]], batch.slice(r0, r1 - r0)))
             self._record(st.key, logical, st.offset)
             self.metrics["records_in"] = self.metrics.get("records_in", 0) + hi - lo
+            self.rows_read += hi - lo
             st.offset += hi - lo
             st.cursor = hi
             consumed += hi - lo
@@ -788,6 +818,10 @@ class SourceHandle:
 
     def __init__(self, reader: _Reader) -> None:
         self._reader = reader
+        self.path: tuple[int, ...] = ()
+        """The source operator's path (``(dataflow, operator)`` at the top level)."""
+        self.ports = len(reader.outputs)
+        """The source operator's outputs (one token each)."""
 
     @property
     def name(self) -> str:
@@ -892,6 +926,67 @@ class SourceHandle:
         """The source's token time on this worker (None once ended)."""
         return self._reader.frontier()
 
+    @property
+    def rows_read(self) -> int:
+        """Positions (rows, NEXMark events) this worker's share of the source has emitted."""
+        return self._reader.rows_read
+
+    # -- handing work to other workers (``tokenflow.io.handover``, ``tokenflow.resplit``) ----
+
+    def fence(self, margin: int) -> dict[str, Any]:
+        """Phase 1 of a re-split (``tokenflow.io.handover.fence``).
+
+        Raises:
+            HandoverError: this source cannot hand its work over.
+        """
+        from tokenflow.io.handover import fence
+
+        return fence(self._reader, margin)
+
+    def reassign(self, plan: Mapping[str, Any]) -> None:
+        """Phase 2 of a re-split (``tokenflow.io.handover.reassign``)."""
+        from tokenflow.io.handover import reassign
+
+        reassign(self._reader, plan)
+
+    def receive(self, piece: tuple[Any, ...]) -> None:
+        """A piece of another worker's work handed to this one (a split and its offset, or
+        the file names it took)."""
+        from tokenflow.io.handover import receive
+
+        receive(self._reader, piece)
+
+    @property
+    def handed_over(self) -> bool:
+        """Every piece the last re-split brings this worker has arrived (True when none)."""
+        moves = self._reader.moves
+        return moves is None or moves.complete
+
+    def lend(self) -> int | None:
+        """Copy this source's tokens (one per output, all at one time) and hand the copies
+        over to a joining worker (``Capability.hand_over``: their +1 stays in this worker's
+        progress stream); returns their time, or None when the source holds none."""
+        r = self._reader
+        with r.lock:
+            if not r.tokens or r.waiting:
+                return None
+            for cap in r.tokens:
+                cap.copy().hand_over()
+            return int(r.tokens[0].time)
+
+    def adopt_lent(self, tokens: list[Any]) -> None:
+        """Take ``tokens`` (one per output) lent by another worker in place of the uncounted
+        ones a joined worker's source starts with; the source then reads what is handed to
+        it."""
+        r = self._reader
+        with r.lock:
+            old, r.tokens = r.tokens, list(tokens)
+            r.waiting = False
+            r.finished = False
+        for cap in old:
+            cap.drop()  # uncounted: nothing was counted
+        r.activate()
+
 
 def source_key(scope: Any, name: str) -> str:
     """The stable key of source ``name`` in ``scope`` (its scope path and name): under it the
@@ -935,9 +1030,17 @@ def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
 
     builder.build(constructor)
     handle = SourceHandle(reader)
+    handle.path = builder.core.path
+    key = source_key(scope, reader.name)
+    reader.key, reader.job_worker = key, scope.worker
+    if getattr(scope.worker, "joining", False):  # tokens only once another worker lends some
+        reader.waiting = True
+        adopters = getattr(scope.worker, "adopters", None)
+        if adopters is not None:
+            adopters[key] = builder.core
     register = getattr(scope.worker, "register_source", None)
     if register is not None:
-        register(source_key(scope, reader.name), handle)
+        register(key, handle)
     return [p[1] for p in ports], handle
 
 
@@ -946,8 +1049,8 @@ def _static_reader(scope: Any, name: str, splits: Sequence[Split], outputs: tupl
                    start: int | None, pause_at: int | None, max_rows: int, history: int,
                    on_epoch: OnEpoch | None) -> _Reader:
     by_key = {s.key: s for s in splits}
-    # a worker that joined the running job reads no split (the splits stay with the workers
-    # the job started with)
+    # a worker that joined the running job reads no split until some are handed to it
+    # (``tokenflow.io.handover``)
     mine = [] if getattr(scope.worker, "joining", False) else \
         assign_splits([s.key for s in splits], scope.peers)[scope.worker_index]
     positions = dict(positions or {})
@@ -956,6 +1059,7 @@ def _static_reader(scope: Any, name: str, splits: Sequence[Split], outputs: tupl
         raise ValueError(f"{name}: positions for unknown splits {unknown[:5]} "
                          f"({len(unknown)} in all; splits are e.g. {sorted(by_key)[:3]})")
     reader = _Reader(name, outputs, time, granularity, start, pause_at, max_rows, history, on_epoch)
+    reader.splits = by_key
     for key in mine:
         offset = int(positions.get(key, 0))
         if offset < 0:

@@ -75,6 +75,9 @@ class QueryResult:
             last of the source workers had sent it; ``sent_at[i] + latencies_ms[i] / 1000`` is
             when the output passed it.
         started: the wall time the first source worker began sending (s).
+        read: per worker slot, per source split, the offset ranges ``[first, end)`` its
+            sources emitted (merged; from ``SourceHandle.epochs``, the last
+            ``DEFAULT_HISTORY`` epochs): with ``move_sources``, which worker read what.
     """
 
     query: str
@@ -96,6 +99,7 @@ class QueryResult:
     migrations: list[Any] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     started: float = float("nan")
+    read: dict[int, dict[str, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
 def epoch_plan(events: int, config: GeneratorConfig, granularity_ms: int) -> list[tuple[int, int, int]]:
@@ -155,7 +159,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
               measure: bool = False, bins: int | None = None, coordinator: Any = None,
               generator: GeneratorConfig | None = None,
               on_rescale: Callable[[Any], None] | None = None,
-              max_workers: int | None = None, pace: float | None = None) -> QueryResult:
+              max_workers: int | None = None, pace: float | None = None,
+              move_sources: bool = False) -> QueryResult:
     """Run NEXMark query ``name`` over events ``[0, events)`` generated at ``rate`` events/s, or
     over the events in the Parquet datasets under ``input``.
 
@@ -229,6 +234,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             seconds after it began sending (its own clock), parking in between; ``lag`` still
             bounds the epochs in flight (raise it to keep the load open-loop).  Default None:
             as fast as ``lag`` allows.  Generated events only (not with ``input``).
+        move_sources: with ``max_workers``, a joining worker also reads a share of the
+            source's remaining splits from a logical time on and a leaving one hands its
+            share away (``JobHandle.move_sources``, ``tokenflow.resplit``); without, the
+            sources stay on the first ``workers``.
 
     Returns:
         A ``QueryResult`` (rows, events/s, per-epoch latency percentiles, job seconds).
@@ -398,8 +407,13 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             from tokenflow.rescale.report import collect as collect_moves
 
             moved = collect_moves(scaling.handles)
+        read: dict[str, list[tuple[int, int]]] = {}
+        for h in handles:
+            for ranges in h.epochs.values():
+                for split, (first, end) in ranges.items():
+                    read.setdefault(split, []).append((first, end))
         return {"table": table, "sent": sent, "passed": passed, "start": start, "end": finish,
-                "moved": moved}
+                "moved": moved, "read": {k: _merged(v) for k, v in read.items()}}
 
     options: dict[str, Any] = {}
     if runtime == "spark":
@@ -419,6 +433,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         handle = start(job, workers, runtime, name=f"nexmark.{name}", coordinator=coordinator,
                        **options)
+        handle.move_sources = move_sources
         driver = ScaleDriver(handle, rescale_schedule, strategy, coordinator, on_rescale).start()
         try:
             results = handle.result()
@@ -437,6 +452,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         results = runner.run()
         checkpoints, failures, rescales = runner.stats, runner.failures, runner.rescales
 
+    read = {w: r["read"] for w, r in enumerate(results) if r is not None}
     joined = [r for r in results[workers:] if r is not None]  # workers that joined later
     results = results[:workers]  # the workers with the sources: their epochs' times count
     seconds = max(r["end"] for r in results) - min(r["start"] for r in results)
@@ -459,7 +475,18 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         events_per_second=events / seconds if seconds > 0 else float("inf"),
         latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
         granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures,
-        rescales=rescales, migrations=migrations, sent_at=sent_at, started=started)
+        rescales=rescales, migrations=migrations, sent_at=sent_at, started=started, read=read)
+
+
+def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """``ranges`` sorted, adjacent ones joined (overlapping ones are kept apart)."""
+    out: list[tuple[int, int]] = []
+    for first, end in sorted(ranges):
+        if out and out[-1][1] == first:
+            out[-1] = (out[-1][0], end)
+        else:
+            out.append((first, end))
+    return out
 
 
 def _frame(tables: list[pa.Table], columns: list[str]) -> pd.DataFrame:
