@@ -169,8 +169,16 @@ class JobHandle:
             ControlError: a worker did not answer within ``timeout`` s, or the job ended before
                 it could be snapshotted (``result()`` then has its results or its failure).
             SnapshotError: the snapshot could not be committed.
+            ValueError: a worker joined the job (``add_worker``): its state and its sources'
+                positions (splits a re-split handed it) are not part of a snapshot yet.
         """
         from tokenflow.control import take_snapshot
+
+        if self._used != set(range(self.workers)):
+            raise ValueError(f"job {self.spec.name!r}: workers {sorted(self._used)} took part "
+                             f"(workers joined it); a snapshot holds workers 0..{self.workers - 1} "
+                             "only, so it would lose the joined workers' state and the source "
+                             "splits handed to them: jobs that workers join are not snapshotted")
 
         epoch = take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
                               self.spec.table, stop=stop, timeout=timeout, alive=self._thread.is_alive)

@@ -125,6 +125,14 @@ def move_sources(hub: Any, old: Sequence[int], new: Sequence[int], timeout: floa
         raise HandoverError("; ".join(errors))
     replies = {pair: lend_begin(hub, pair[0], pair[1], names, timeout, alive)
                for pair, names in sorted(lends.items())}
+    short = [f"worker {lender} lent worker {joiner} {reply['inputs']} of {len(lends[lender, joiner])}"
+             for (lender, joiner), reply in replies.items()
+             if int(reply["inputs"]) < len(lends[lender, joiner])]
+    if short:  # a fenced holder always has its tokens: a broken invariant, nothing moved
+        for w in everyone:
+            hub.send(w, {"kind": "resplit", "sources": {k: {"t": None} for k in
+                                                        fenced[w]["sources"]}})
+        raise HandoverError("source tokens could not be lent: " + "; ".join(short))
     for w in everyone:
         hub.send(w, {"kind": "resplit", "sources": plans[w]})
     for (lender, joiner), reply in replies.items():

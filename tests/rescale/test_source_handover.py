@@ -190,7 +190,8 @@ def test_directory_word_count_sources_follow_a_joining_and_a_leaving_worker(
     assert moves[0].roster == [0, 1, 2] and moves[1].roster == [0, 2]
 
 
-def test_a_timed_directory_source_refuses_to_hand_over(tmp_path: Path) -> None:
+def test_a_timed_directory_source_refuses_to_hand_over_and_joined_jobs_to_snapshot(
+        tmp_path: Path) -> None:
     inbox = tmp_path / "inbox"
     inbox.mkdir()
 
@@ -205,7 +206,9 @@ def test_a_timed_directory_source_refuses_to_hand_over(tmp_path: Path) -> None:
     try:
         time.sleep(0.2)
         with pytest.raises(HandoverError, match="time column"):
-            handle.add_worker(sources=True)
+            handle.add_worker(sources=True)  # it joins; the fences are lifted again
+        with pytest.raises(ValueError, match="not snapshotted"):
+            handle.snapshot(str(tmp_path / "snapshot"))
     finally:
         (inbox / "_END").touch()
-    handle.result(timeout=60)
+    handle.result(timeout=60)  # the job still ends: no source stays fenced

@@ -939,8 +939,11 @@ class SourceHandle:
         Raises:
             HandoverError: this source cannot hand its work over.
         """
-        from tokenflow.io.handover import fence
+        from tokenflow.io.handover import HandoverError, fence
 
+        if len(self.path) != 2:
+            raise HandoverError(f"source {self.name!r} is inside a nested scope: its tokens "
+                                "cannot be lent to a joining worker yet")
         return fence(self._reader, margin)
 
     def reassign(self, plan: Mapping[str, Any]) -> None:
