@@ -88,11 +88,23 @@ def tiles(read: dict[int, dict[str, list[tuple[int, int]]]], rows: dict[str, int
 @pytest.mark.parametrize("runtime,events", [("thread", 600_000), ("process", 1_200_000)])
 def test_nexmark_q5_sources_follow_a_joining_and_a_leaving_worker(runtime: str,
                                                                   events: int) -> None:
+    nexmark_case(runtime, events, 0.5 if runtime == "thread" else 1.0)
+
+
+@pytest.mark.spark
+def test_nexmark_q5_sources_follow_workers_on_spark(spark: Any) -> None:
+    nexmark_case("spark", 2_400_000, 2.0, master="local[4]")
+
+
+def nexmark_case(runtime: str, events: int, stay: float, **options: Any) -> None:
+    """q5 on 2 workers; a third joins with a share of the generator's splits at a random
+    time and leaves ``stay`` s later, handing what is left of them back."""
     rng = random.Random()
     join = rng.uniform(0.05, 0.4)
-    schedule = [(join, 3), (join + (0.5 if runtime == "thread" else 1.0), 2)]
+    schedule = [(join, 3), (join + stay, 2)]
     result = run_query("q5", events, workers=2, runtime=runtime, max_workers=3,
-                       granularity_ms=100, rescale_schedule=schedule, move_sources=True)
+                       granularity_ms=100, rescale_schedule=schedule, move_sources=True,
+                       **options)
     assert [(e.workers, e.error) for e in result.rescales] == [(3, None), (2, None)], schedule
     expected = q5_oracle(events, GeneratorConfig(rate=10_000))
     got = result.rows[q5.COLUMNS].sort_values(q5.COLUMNS).reset_index(drop=True)
@@ -140,6 +152,20 @@ def directory_word_count(inbox: str) -> Any:
 @pytest.mark.parametrize("runtime", ["thread", "process"])
 def test_directory_word_count_sources_follow_a_joining_and_a_leaving_worker(
         runtime: str, tmp_path: Path) -> None:
+    directory_case(runtime, tmp_path)
+
+
+@pytest.mark.spark
+def test_directory_word_count_sources_follow_workers_on_spark(spark: Any,
+                                                              tmp_path: Path) -> None:
+    """The joining worker is a one-task barrier stage of its own on the same session."""
+    directory_case("spark", tmp_path, spark=spark)
+
+
+def directory_case(runtime: str, tmp_path: Path, **options: Any) -> None:
+    """Files keep arriving while 2 workers count their words; a third joins with a share of
+    the directory at a random time, later worker 1 (one the job started with) leaves and
+    hands its share away."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     stop = threading.Event()
@@ -155,7 +181,7 @@ def test_directory_word_count_sources_follow_a_joining_and_a_leaving_worker(
         (inbox / "_END").touch()
 
     handle = start(directory_word_count(str(inbox)), workers=2, runtime=runtime, bins=BINS,
-                   slots=3)
+                   slots=3, **options)
     handle.move_sources = True
     thread = threading.Thread(target=writer, daemon=True)
     thread.start()
