@@ -288,6 +288,12 @@ MaxWorkersOption = Annotated[int | None, typer.Option(
     help="Worker slots: with more than --workers, --rescale-schedule and `tokenflow scale` start "
          "and stop worker processes (Spark: tasks), which join the running job and leave it, "
          "instead of moving the state among the --workers started.")]
+MoveSourcesOption = Annotated[bool, typer.Option(
+    "--move-sources",
+    help="With --max-workers: a joining worker also reads a share of the sources' remaining "
+         "splits (files, NEXMark generator slices) from a logical time on, and a leaving one "
+         "hands its share away (tokenflow.resplit); without, the sources stay on the "
+         "--workers started.")]
 DEFAULT_CONTROL_FILE = Path(".tokenflow") / "control.json"
 ControlFileOption = Annotated[Path, typer.Option(
     "--control-file", help="Where an elastic job writes its coordinator's address and token "
@@ -344,6 +350,7 @@ def run(
     catalog_port: CatalogPortOption = 0,
     token_file: TokenFileOption = DEFAULT_TOKEN_FILE,
     max_workers: MaxWorkersOption = None,
+    move_sources: MoveSourcesOption = False,
 ) -> None:
     """Run FUNCTION(worker) on W workers, show live per-worker progress, print a summary."""
     err = Console(stderr=True, highlight=False)
@@ -390,6 +397,9 @@ def run(
         return
     schedule: list[tuple[float, int]] = []
     slots = _slots(workers, max_workers)
+    if move_sources and slots <= workers:
+        _fail("--move-sources needs --max-workers above --workers (workers joining and "
+              "leaving)", 2)
     if rescale_schedule is not None:
         try:
             schedule = parse_rescale_schedule(rescale_schedule, slots)
@@ -422,7 +432,7 @@ def run(
     try:
         if schedule or elastic:
             outcome = _run_rescaled(fn, workers, runtime.value, options, coordinator, err, quiet,
-                                    schedule, strategy, control_file)
+                                    schedule, strategy, control_file, move_sources)
         elif snapshot_dir is None:
             outcome = _run_with_progress(fn, workers, runtime.value, options, coordinator, err, quiet)
         else:
@@ -553,14 +563,16 @@ def _scale_coordinator(runtime: Runtime, master: str | None) -> tuple[Any, tuple
 def _run_rescaled(fn: Callable[..., Any], workers: int, runtime: str, options: dict[str, Any],
                   coordinator: Coordinator, err: Console, quiet: bool,
                   schedule: list[tuple[float, int]], strategy: str,
-                  control_path: Path | None = None) -> dict[str, Any]:
+                  control_path: Path | None = None, move_sources: bool = False) -> dict[str, Any]:
     """Run the job under the control plane and rescale it at the scheduled times and when
     ``tokenflow scale`` asks (with a ``ScaleCoordinator``; ``control_path`` tells it where the
-    coordinator is)."""
+    coordinator is); ``move_sources``: joining and leaving workers take and hand over shares
+    of the sources (``JobHandle.move_sources``)."""
     from tokenflow.job import start
     from tokenflow.rescale.remote import ScaleDriver, control_file
 
     handle = start(fn, workers, runtime, coordinator=coordinator, **options)
+    handle.move_sources = move_sources
     roster = _RosterLine(handle.spec.table, err)
     driver = ScaleDriver(handle, schedule, strategy, coordinator, roster).start()
     with control_file(control_path, options.get("report_to") or coordinator.endpoint,
@@ -1211,6 +1223,7 @@ def nexmark_query(
     elastic: ElasticOption = False,
     control_file: ControlFileOption = DEFAULT_CONTROL_FILE,
     max_workers: MaxWorkersOption = None,
+    move_sources: MoveSourcesOption = False,
 ) -> None:
     """Run a NEXMark query; print events/s, per-epoch latency p50/p99 and the output rows.
 
@@ -1220,7 +1233,9 @@ def nexmark_query(
     state from each time on) and ``tokenflow scale --workers N``; the moves are printed at the
     end (``--strategy``: batched, fluid or all-at-once).  With ``--max-workers N`` above
     ``--workers`` the schedule and ``tokenflow scale`` start and stop worker processes instead,
-    which join the running query (the sources stay on the ``--workers`` started) and leave it.
+    which join the running query and leave it; the sources stay on the ``--workers`` started,
+    or with ``--move-sources`` a joining worker generates a share of the remaining event
+    splits and a leaving one hands its share away.
 
     With ``--publish TOPIC`` the output is published while the query runs (a catalog starts on
     the driver; ``tokenflow subscribe URL TOPIC`` or ``Subscription`` read it).
@@ -1244,6 +1259,9 @@ def nexmark_query(
         _fail("--master applies to --runtime spark only", 2)
     schedule: list[tuple[float, int]] = []
     slots = _slots(workers, max_workers)
+    if move_sources and slots <= workers:
+        _fail("--move-sources needs --max-workers above --workers (workers joining and "
+              "leaving)", 2)
     if rescale_schedule is not None:
         try:
             schedule = parse_rescale_schedule(rescale_schedule, slots)
@@ -1278,6 +1296,7 @@ def nexmark_query(
                    "coordinator": coordinator, "on_rescale": roster}
         if slots > workers:
             scaling["max_workers"] = slots
+            scaling["move_sources"] = move_sources
     try:
         from tokenflow.rescale.remote import control_file as control_file_for
 
@@ -1313,6 +1332,10 @@ def nexmark_query(
         out.print(f"migration {change.index + 1} at time {change.time}: workers {change.before} -> "
                   f"{change.after}, {change.bins} bins from {change.senders} to "
                   f"{change.receivers}, {change.moved_bytes:,} bytes of state")
+    if move_sources and result.read:
+        shares = ", ".join(f"{w}: {sum(e - f for spans in splits.values() for f, e in spans):,}"
+                           for w, splits in sorted(result.read.items()))
+        out.print(f"events read per worker (--move-sources): {shares}")
     if checkpoint is not None:
         pauses = sorted(s.paused for s in result.checkpoints)
         median = f", median pause {1000 * pauses[len(pauses) // 2]:.0f} ms" if pauses else ""
