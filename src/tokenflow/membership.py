@@ -51,9 +51,13 @@ the lender and ``k`` included, that it applied the lender's batches below those 
 (``applied?`` / ``applied``) and tells ``k`` to ``release``: no worker can then see ``k``'s -1
 before the lender's +1.
 
-Not yet: tokens for a joining worker's built-in sources (file splits, NEXMark blocks stay with
-the starting workers), nested scopes (iteration) in an elastic job, checkpoints of an elastic
-job, reusing a slot a worker left.
+**Sources of a joined or leaving worker** (``fence``, ``resplit``, ``resplit?``): the driver
+(``tokenflow.resplit.move_sources``) re-splits every replayable source's remaining work at a
+logical time ``t``; a joined worker's source is lent a fenced worker's tokens with ``lend``
+(``keys``: the sources); the workers' side is ``tokenflow.io.handover``.
+
+Not yet: nested scopes (iteration) in an elastic job, checkpoints of an elastic job, reusing a
+slot a worker left, handing over a directory source with a time column.
 """
 
 from __future__ import annotations
