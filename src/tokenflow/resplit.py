@@ -110,14 +110,7 @@ def move_sources(hub: Any, old: Sequence[int], new: Sequence[int], timeout: floa
         hub.send(w, {"kind": "fence", "margin": margin})
     fenced = gather(hub, "fenced", everyone, timeout, alive)
     errors = [str(r["error"]) for r in fenced.values() if r.get("error")]
-    keys = sorted({key for r in fenced.values() for key in r["sources"]})
-    plans: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in everyone}
-    report: list[SourceMove] = []
-    lends: dict[tuple[int, int], list[str]] = {}
-    for key in keys:
-        infos = {w: r["sources"][key] for w, r in fenced.items() if key in r["sources"]}
-        move = _plan(key, infos, list(new), None if errors else plans, lends)
-        report.append(move)
+    plans, lends, report = plan(fenced, new)
     if errors:
         for w in everyone:
             hub.send(w, {"kind": "resplit", "sources": {k: {"t": None} for k in
@@ -144,6 +137,22 @@ def move_sources(hub: Any, old: Sequence[int], new: Sequence[int], timeout: floa
         move.read = {w: int(r["read"][move.key]) for w, r in done.items()
                      if move.key in r.get("read", {})}
     return report
+
+
+def plan(fenced: Mapping[int, Mapping[str, Any]], new: Sequence[int],
+         ) -> tuple[dict[int, dict[str, dict[str, Any]]], dict[tuple[int, int], list[str]],
+                    list[SourceMove]]:
+    """Phase 2 from the workers' ``fenced`` replies (worker -> reply) and the new roster:
+    per worker its ``resplit`` part of each source, the lends to make (``(lender, joiner)``
+    -> source keys) and what moves, per source.  A pure function of its arguments."""
+    keys = sorted({key for r in fenced.values() for key in r["sources"]})
+    plans: dict[int, dict[str, dict[str, Any]]] = {w: {} for w in fenced}
+    lends: dict[tuple[int, int], list[str]] = {}
+    report = []
+    for key in keys:
+        infos = {w: r["sources"][key] for w, r in fenced.items() if key in r["sources"]}
+        report.append(_plan(key, infos, list(new), plans, lends))
+    return plans, lends, report
 
 
 def _plan(key: str, infos: dict[int, dict[str, Any]], new: list[int],
@@ -188,4 +197,4 @@ def _plan(key: str, infos: dict[int, dict[str, Any]], new: list[int],
     return move
 
 
-__all__ = ["SourceMove", "assign", "move_sources"]
+__all__ = ["SourceMove", "assign", "move_sources", "plan"]

@@ -179,7 +179,7 @@ def reassign(reader: Any, plan: Mapping[str, Any]) -> None:
         t = plan.get("t")
         if t is None:
             moves.expected = None
-            reader.activate()
+            _wake(reader)
             return
         moves.at = int(t)
         moves.expected = int(plan.get("take", 0))
@@ -199,7 +199,15 @@ def reassign(reader: Any, plan: Mapping[str, Any]) -> None:
         pending, moves.pending = moves.pending, []
         for piece in pending:
             _take(reader, piece)
-    reader.activate()
+    _wake(reader)
+
+
+def _wake(reader: Any) -> None:
+    """Schedule the source when it runs: a source that ended or waits for lent tokens has
+    nothing to do (and its dataflow may have ended: an activation there would stay pending,
+    which keeps a leaving worker from leaving)."""
+    if reader.tokens and not reader.waiting:
+        reader.activate()
 
 
 def _switch_names(reader: Any, roster: list[int], send: bool) -> None:
@@ -276,7 +284,7 @@ def receive(reader: Any, piece: tuple[Any, ...]) -> None:
             moves.pending.append(piece)  # phase 2 has not reached this worker yet
             return
         _take(reader, piece)
-    reader.activate()
+    _wake(reader)
 
 
 def _take(reader: Any, piece: tuple[Any, ...]) -> None:
