@@ -1,16 +1,48 @@
 """The control plane: commands from the driver that take effect at logical times, and the
 snapshot protocol built on them.
 
-Source: the distributed-DBSP design, "Coordinator" and "Coordinator/worker synchronization"
-(a coordinator tells every worker when to commit its state; a checkpoint is the basis for
-recovery once every worker's part is durable) and "Layout changes" (cold: stop at a
-checkpoint, restart with another layout); docs/ARCHITECTURE.md ("Sources, sinks and the
-control plane").
+Source: the distributed-DBSP design, "Fault tolerance", "Synchronization", "Coordinator" and
+"Coordinator/worker synchronization" (a coordinator tells every worker when to commit its
+state; a checkpoint is the basis for recovery once every worker's part is durable) and
+"Layout changes" (cold: stop at a checkpoint, restart with another layout);
+docs/ARCHITECTURE.md ("Sources, sinks and the control plane").
 
 Transport: on the ``process`` and ``spark`` runtimes the driver's ``Coordinator`` and each
 worker's ``Reporter`` (``tokenflow.coordinator``: msgpack frames, token-authenticated, never
 pickle); on the ``thread`` runtime in-process queues (``QueueHub``).  Every message is a map
 with a ``"kind"``.
+
+A snapshot is taken at a common epoch ``e`` (a boundary of every source's epochs) by one of
+two protocols.  Both leave every worker's state holding the effect of every record before
+``e`` and of none at or after it (a consistent cut; the distributed-DBSP design,
+"Synchronization": the workers' states are committed together at one step).
+
+*Aligned* (the default, ``take_snapshot(aligned=True)``): no source waits for the driver or
+for another worker's capture, only for the job to finish the records before ``e``.  ``hold``
+raises each worker's *barrier* (``tokenflow.worker.Traffic``) at its own point, ``checkpoint``
+moves it to ``e``: from then until the worker's capture, an operator input holds back the
+first message at a time ``>= e`` it would hand to its operator, and everything behind it
+(records of ``e`` and later wait at the input).  The sources emit everything before ``e`` and
+stop there; the worker captures its state as soon as its sources hold at ``e``, it has
+nothing left to run, and its view of the dataflow holds no record in flight before ``e`` and
+no token before ``e`` but on operators that have received all their input before ``e``
+(``Worker.aligned_at``: timely's progress tracking is conservative, so this holds on every
+worker).  Right after its capture the worker lowers its barrier and resumes its sources; its
+records of ``e`` and later flow at once (a worker still aligning holds them at its inputs), and
+what it sends at a time before ``e`` (a token held over the cut, e.g. a sink's unfinished bin
+of epochs) is kept back until every worker has captured (``cut``; ``Traffic.defer``).  So no
+record is received before its receiver's capture that was sent after its sender's (the
+Chandy-Lamport condition; an asynchronous-barrier-snapshot alignment with the frontier as the
+barrier).  A record sent before its sender's capture but received after its receiver's (one
+at a time ``>= e`` sent while the job finished the epochs before ``e``: a migrating operator's
+state move at ``e``, or an operator sending later than the token it holds) makes the sums of
+the ``sent`` and ``received`` counters taken at the captures differ; the driver then discards
+the captures (nothing is committed; the job goes on) and takes the snapshot at once by the
+quiescent protocol, as it does when a migrating operator has a move at or before ``e`` still
+to send (``settled``).
+
+*Quiescent* (``aligned=False``; the fallback, and the only protocol before): the sources stop
+at ``e``, the job drains, and every worker waits without stepping until every worker captured.
 
 Commands (driver -> workers) and replies (workers -> driver):
 
@@ -21,21 +53,32 @@ Commands (driver -> workers) and replies (workers -> driver):
     with ``point`` (the greatest such epoch of the worker's sources, or None without sources)
     and ``granularity`` (the least common multiple of its sources' epoch lengths: the common
     pause epoch must be a boundary of all).
-``pause_at`` ``epoch``
+``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
+    sources emit everything before ``epoch`` and nothing at or after it; the barrier goes up
+    at ``epoch``; the worker steps on and, once aligned (above), captures its part as
+    ``snapshot`` below does and replies ``captured`` with its ``sent`` and ``received``
+    counters at the capture, ``settled``, ``bins_exported`` and ``phases`` (seconds: ``run up``
+    from the command until its sources held at ``epoch``, ``align`` from then until aligned,
+    ``capture``).  With ``resume`` true it then lowers the barrier and resumes its sources at
+    once, while a background thread writes the part (``written`` / ``write_failed``);
+    otherwise it awaits ``resume`` or ``stop`` without stepping.
+``cut``  (aligned, after every ``captured``)
+    push the messages at times before the epoch kept back since the capture.
+``pause_at`` ``epoch``  (quiescent)
     sources emit everything before ``epoch`` and nothing at or after it; the worker steps on
     and replies ``paused`` once all its sources hold at ``epoch`` (worker code feeding an
     ``InputHandle`` may need other workers to step to get there, e.g. waiting on a probe, so
     nobody blocks yet).
-``drain``
+``drain``  (quiescent)
     (once every worker is paused) the worker steps until it has nothing to do, then replies
     ``idle`` with its ``Traffic`` counters (``sent``, ``received``) and ``settled`` (false
     while one of its migrating operators has a move at a time ``<=`` the epoch still to send,
     or records at such times still to route, ``tokenflow.rescale``) — and waits, not
     stepping, for the verdict:
-``continue``
+``continue``  (quiescent)
     not quiescent yet (the job's records sent and received differ, or a worker is not
     settled): step and reply ``idle`` again.
-``snapshot`` ``root``, ``job``, ``epoch``, ``previous``, ``resume``
+``snapshot`` ``root``, ``job``, ``epoch``, ``previous``, ``resume``  (quiescent)
     capture this worker's part of the snapshot (``tokenflow.state.snapshot``: every declared
     state's bins changed since the committed snapshot at epoch ``previous``, or all of them,
     exported now (``tokenflow.state.changes``), and the source positions as metadata) and
@@ -50,14 +93,16 @@ Commands (driver -> workers) and replies (workers -> driver):
     before it steps again, so what a resumed worker sends (times at or after the epoch) waits
     unread in the mesh until its receiver has captured.
 ``resume`` / ``stop``
-    sources go on / the worker ends its dataflows and returns.
+    sources go on (the barrier comes down, messages kept back go out) / the worker ends its
+    dataflows and returns.
 
-Quiescence: a worker replies ``idle`` only with nothing left to run, and it takes no step
-until the verdict, so after its reply it sends nothing.  A record counted as sent by one
-worker is therefore either received before its receiver's reply or still in flight; when the
-sums of ``sent`` and ``received`` over all replies are equal, nothing is in flight and every
-worker is idle: no operator can change its state until the sources resume, and the states
-written hold the effect of every record before the pause epoch and of none at or after it.
+Quiescence (the quiescent protocol): a worker replies ``idle`` only with nothing left to run,
+and it takes no step until the verdict, so after its reply it sends nothing.  A record counted
+as sent by one worker is therefore either received before its receiver's reply or still in
+flight; when the sums of ``sent`` and ``received`` over all replies are equal, nothing is in
+flight and every worker is idle: no operator can change its state until the sources resume,
+and the states written hold the effect of every record before the pause epoch and of none at
+or after it.
 """
 
 from __future__ import annotations
@@ -71,6 +116,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tokenflow.faults import crash_point
 from tokenflow.membership import COMMANDS as MEMBERSHIP_COMMANDS
 from tokenflow.membership import MembershipAgent
 from tokenflow.state.bins import RoutingTable
@@ -195,6 +241,11 @@ class CoordinatorHub:
             return None
 
 
+_EVERYTHING = -(1 << 62)
+"""The barrier ``hold`` raises on a worker without a source to name a point: every message
+waits until ``checkpoint`` names the epoch."""
+
+
 class ControlAgent:
     """The worker side of the control protocol, run after every step (``Worker.on_step``).
 
@@ -218,6 +269,9 @@ class ControlAgent:
         self._changes = ChangeLog()  # bins changed per capture not yet committed
         self.holding = False  # a round is on: from ``hold`` until ``resume`` or ``stop``
         self._stalled_since: float | None = None  # since when every source holds, in a round
+        self.aligning: dict[str, Any] | None = None
+        """The ``checkpoint`` command of an aligned snapshot not captured yet (else None)."""
+        self._align_times: list[float] = []  # command received, sources held at the epoch
 
     def __call__(self, worker: Any) -> None:
         message: dict[str, Any] | None = self.link.poll(0.0)
@@ -229,6 +283,9 @@ class ControlAgent:
                 self._stalled_since = None
             elif self._stalled_since is None:
                 self._stalled_since = time.monotonic()
+        if self.aligning is not None:
+            self._align(worker)
+            return
         if self.pause_epoch is None:
             return
         if not self.announced and self._paused(worker):
@@ -271,11 +328,14 @@ class ControlAgent:
                                "while paused")
         return message
 
-    def _capture(self, worker: Any, message: dict[str, Any]) -> None:
+    def _capture(self, worker: Any, message: dict[str, Any], extra: dict[str, Any] | None = None,
+                 phases: dict[str, float] | None = None, began: float | None = None) -> None:
         """Capture every state (incrementally: the bins changed since the checkpoint named
         ``previous``, ``tokenflow.state.changes``) and the source positions now, reply
-        ``captured`` and write the part on a background thread, which replies ``written`` or
-        ``write_failed``."""
+        ``captured`` (with ``extra`` fields, and ``phases`` plus the capture's own seconds
+        since ``began``) and write the part on a background thread, which replies ``written``
+        or ``write_failed``."""
+        began = time.monotonic() if began is None else began
         if self._writer is not None:
             self._writer.join()  # one part in flight per worker
         epoch = int(message["epoch"])
@@ -300,9 +360,12 @@ class ControlAgent:
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
         since = self._stalled_since
-        self.link.send({"kind": "captured", "worker": index, "epoch": epoch, "round": round_,
-                        "bins_exported": capture.exported, "full": len(capture.full),
-                        "stalled": 0.0 if since is None else time.monotonic() - since})
+        reply = {"kind": "captured", "worker": index, "epoch": epoch, "round": round_,
+                 "bins_exported": capture.exported, "full": len(capture.full),
+                 "stalled": 0.0 if since is None else time.monotonic() - since, **(extra or {})}
+        if phases is not None:
+            reply["phases"] = {**phases, "capture": time.monotonic() - began}
+        self.link.send(reply)
 
         def write() -> None:
             try:
@@ -325,10 +388,58 @@ class ControlAgent:
         self._writer = threading.Thread(target=write, name=f"tokenflow-snapshot-{index}", daemon=True)
         self._writer.start()
 
+    def _align(self, worker: Any) -> None:
+        """An aligned snapshot (module docstring): capture once this worker's sources hold at
+        the epoch, nothing is left to run and no pointstamp before the epoch remains in its
+        view; then, unless the snapshot stops the job, lower the barrier and resume."""
+        message = self.aligning
+        assert message is not None
+        epoch = int(message["epoch"])
+        if not self._paused(worker):
+            return
+        times = self._align_times
+        if len(times) == 1:
+            times.append(time.monotonic())  # the sources hold at the epoch
+            crash_point("checkpoint.align")
+        if not worker.activations.is_empty() or not worker.aligned_at(epoch):
+            return
+        aligned = time.monotonic()
+        self.aligning = None
+        self.pause_epoch = epoch  # for ``_settled``
+        traffic = worker.traffic
+        counters = {"sent": traffic.sent, "received": traffic.received,
+                    "settled": self._settled(worker), "held": len(traffic.held)}
+        self._capture(worker, message, counters, {"run up": times[1] - times[0],
+                                                  "align": aligned - times[1]}, aligned)
+        if message.get("resume"):
+            traffic.defer = epoch  # until ``cut``: every worker has captured
+            self._resume(worker)
+            crash_point("checkpoint.resumed")
+            return
+        command: dict[str, Any] | None = self._await(worker)  # a stopping snapshot
+        while command is not None:
+            command = self._handle(worker, command)
+
+    def _lift(self, worker: Any) -> None:
+        """Lower the barrier: the inputs that held a message back hand it over at their
+        operator's next scheduling."""
+        traffic = getattr(worker, "traffic", None)
+        if traffic is not None and traffic.barrier is not None:
+            for held in traffic.lift():
+                held.release()
+
+    def _undefer(self, worker: Any) -> None:
+        """Every worker has captured (or the round ended): push what was kept back."""
+        traffic = getattr(worker, "traffic", None)
+        if traffic is not None and traffic.defer is not None:
+            traffic.release_deferred()
+
     def _resume(self, worker: Any) -> None:
         self.pause_epoch = None
         self.draining = False
+        self.aligning = None
         self.holding, self._stalled_since = False, None
+        self._lift(worker)
         for source in self._sources(worker):
             source.resume()
 
@@ -353,8 +464,18 @@ class ControlAgent:
                     point += margin * int(source.granularity)
                     source.pause_at(point)
                     points.append(point)
+            if message.get("barrier"):  # an aligned snapshot: hold later records until it
+                worker.traffic.barrier = max(points) if points else _EVERYTHING
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
                             "point": max(points) if points else None, "granularity": step})
+        elif kind == "checkpoint":
+            epoch = int(message["epoch"])
+            for source in self._sources(worker):
+                source.pause_at(epoch)
+            self._lift(worker)  # the barrier ``hold`` raised is at or before the epoch
+            worker.traffic.barrier = epoch
+            self.aligning = message
+            self._align_times = [time.monotonic()]
         elif kind == "pause_at":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
@@ -373,6 +494,9 @@ class ControlAgent:
             return self._await(worker)
         elif kind == "resume":
             self._resume(worker)
+            self._undefer(worker)
+        elif kind == "cut":
+            self._undefer(worker)
         elif kind == "rescale":
             roster = [int(w) for w in message["roster"]]
             strategy = str(message.get("strategy", "batched"))
@@ -391,6 +515,9 @@ class ControlAgent:
             self.pause_epoch = None
             self.draining = False
             self.holding = False
+            self.aligning = None
+            self._lift(worker)
+            self._undefer(worker)
             self.stopped = True
             worker.stop()
         else:
@@ -456,24 +583,43 @@ def gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
     return replies
 
 
+class InconsistentCut(ControlError):
+    """An aligned snapshot's captures were not a consistent cut: a record sent before its
+    sender's capture was received after its receiver's (the sums of the ``sent`` and
+    ``received`` counters at the captures differ), or a migrating operator had a move at or
+    before the epoch still to send.  Nothing was committed; ``take_snapshot`` retries with the
+    quiescent protocol."""
+
+
 @dataclass(frozen=True)
 class SnapshotStats:
     """What one snapshot cost (``take_snapshot(..., stats=...)``).
 
     Attributes:
         epoch: the snapshot's epoch.
-        paused: seconds from ``hold`` until the job could resume (every state captured).
+        paused: seconds from ``hold`` until every worker had captured its state (the job
+            resumes then; with the aligned protocol each worker resumes at its own capture).
         total: seconds from ``hold`` until the manifest was written.
         bytes_written: bytes of the files written by all workers.
         bytes_reused: bytes of unchanged blobs referenced in earlier snapshots.
-        phases: seconds from ``hold`` until each protocol step completed: ``held``,
-            ``paused`` (every source at the epoch), ``idle`` (quiescent), ``captured``,
-            ``written``.
+        phases: seconds from ``hold`` until each protocol step completed: ``held``, then
+            (quiescent) ``paused`` (every source at the epoch) and ``idle`` (quiescent), then
+            ``captured`` (every worker captured) and ``written``.
         bins_exported: (state, bin) tables exported by all workers' captures (the changed
             bins of an incremental capture, every bin of a full one).
         stalled: seconds, the longest any worker's sources stood still for this snapshot:
-            from the step after which all of them held (at the ``hold`` point or the pause
+            from the step after which all of them held (at the ``hold`` point or the
             epoch) until they resumed after the capture (0 when they never all held).
+        protocol: ``"aligned"`` or ``"quiescent"`` (module docstring).
+        worker_phases: (aligned) per phase, the longest over the workers, in seconds: ``run
+            up`` (``checkpoint`` received until the worker's sources held at the epoch),
+            ``align`` (until no record before the epoch remained anywhere and the worker had
+            nothing to run), ``capture`` (exporting its state).
+        discarded: aligned attempts whose captures were discarded (``InconsistentCut``) before
+            this snapshot was taken.
+        held: (aligned) operator inputs, summed over the workers, that held records of the
+            epoch or later back at the worker's capture (sent by workers that had captured,
+            or the worker's own).
     """
 
     epoch: int
@@ -484,18 +630,29 @@ class SnapshotStats:
     phases: dict[str, float] = field(default_factory=dict)
     bins_exported: int = 0
     stalled: float = 0.0
+    protocol: str = "quiescent"
+    worker_phases: dict[str, float] = field(default_factory=dict)
+    discarded: int = 0
+    held: int = 0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
                   stop: bool = True, timeout: float = 60.0,
                   on_epoch: Callable[[int], None] | None = None,
                   alive: Callable[[], bool] | None = None, previous: int | None = None,
-                  stats: list[SnapshotStats] | None = None, margin: int = 0) -> int | None:
-    """Pause every source at a common epoch, wait for quiescence, capture every worker's
-    state and commit the snapshot, then stop the job (or resume it).  Returns the snapshot's
-    epoch.  ``alive()`` tells whether the job still runs (a job that ends cannot answer).
+                  stats: list[SnapshotStats] | None = None, margin: int = 0,
+                  aligned: bool = True) -> int | None:
+    """Bring every source to a common epoch, capture every worker's state there and commit
+    the snapshot, then stop the job (or let it go on).  Returns the snapshot's epoch.
+    ``alive()`` tells whether the job still runs (a job that ends cannot answer).
 
-    With ``stop=False`` the job resumes as soon as every worker captured its state, while
+    ``aligned``: the aligned protocol (module docstring: the job keeps running while each
+    worker captures as soon as the epochs before the snapshot's are done, and resumes at
+    once); if its captures turn out not to be a consistent cut, they are discarded and the
+    snapshot is taken again at once by the quiescent protocol (``aligned=False``: sources stop
+    at the epoch, the job drains, every worker waits for the others' captures).
+
+    With ``stop=False`` the job resumes as soon as each worker captured its state, while
     the parts are written (asynchronous).  ``previous``: the epoch of the last committed
     snapshot of this run under ``root`` (incremental parts build on it); when the common
     epoch is not after it (nothing new since), nothing is written, the job resumes (or
@@ -508,28 +665,40 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
         SnapshotError: a worker's part cannot be committed.
     """
-    round_ = next(_ROUNDS)
+    discarded = 0
+    while True:
+        round_ = next(_ROUNDS)
 
-    def send_all(kind: str, **fields: Any) -> None:
+        def send_all(kind: str, round_: int = round_, **fields: Any) -> None:
+            for w in workers:
+                hub.send(w, {"kind": kind, "round": round_, **fields})
+
+        stash: list[dict[str, Any]] = []
+
+        def gather_round(kind: str, round_: int = round_,
+                         stash: list[dict[str, Any]] = stash) -> dict[int, dict[str, Any]]:
+            return gather(hub, kind, workers, timeout, alive, round_, stash)
+
+        try:
+            return _snapshot_round(send_all, gather_round, root, job, routing, stop, on_epoch,
+                                   previous, stats, margin, aligned, discarded)
+        except InconsistentCut:
+            _resume_all(hub, workers, round_, alive)
+            discarded += 1
+            aligned = False  # at once, by the protocol that does not depend on the cut
+        except (ControlError, SnapshotError):
+            _resume_all(hub, workers, round_, alive)
+            raise
+
+
+def _resume_all(hub: Hub, workers: list[int], round_: int, alive: Callable[[], bool] | None) -> None:
+    """After a failed round: whoever is still paused goes on (its replies are ignored)."""
+    if alive is None or alive():
         for w in workers:
-            hub.send(w, {"kind": kind, "round": round_, **fields})
-
-    stash: list[dict[str, Any]] = []
-
-    def gather_round(kind: str) -> dict[int, dict[str, Any]]:
-        return gather(hub, kind, workers, timeout, alive, round_, stash)
-
-    try:
-        return _snapshot_round(send_all, gather_round, root, job, routing, stop, on_epoch, previous, stats,
-                               margin)
-    except (ControlError, SnapshotError):
-        if alive is None or alive():
-            for w in workers:  # whoever is still paused goes on; its replies are ignored
-                try:
-                    hub.send(w, {"kind": "resume", "round": round_})
-                except (ControlError, OSError, KeyError):
-                    pass  # ended or gone
-        raise
+            try:
+                hub.send(w, {"kind": "resume", "round": round_})
+            except (ControlError, OSError, KeyError):
+                pass  # ended or gone
 
 
 _ROUNDS = itertools.count(int(time.time() * 1000) % 10**9)
@@ -540,9 +709,10 @@ echoes it, so a reply to an abandoned round is never taken for one of the curren
 def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[int, dict[str, Any]]],
                     root: str, job: str, routing: RoutingTable, stop: bool,
                     on_epoch: Callable[[int], None] | None, previous: int | None,
-                    stats: list[SnapshotStats] | None, margin: int = 0) -> int | None:
+                    stats: list[SnapshotStats] | None, margin: int = 0, aligned: bool = True,
+                    discarded: int = 0) -> int | None:
     began = time.monotonic()
-    send_all("hold", margin=margin)
+    send_all("hold", margin=margin, barrier=aligned)
     held = gather("held")
     phases = {"held": time.monotonic() - began}
     points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
@@ -555,22 +725,42 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
         return None
     if on_epoch is not None:
         on_epoch(epoch)
-    send_all("pause_at", epoch=epoch)
-    gather("paused")
-    phases["paused"] = time.monotonic() - began
-    send_all("drain")  # every source holds at the pause: no worker waits on another's input
-    while True:
-        idle = gather("idle")
-        sent = sum(int(r["sent"]) for r in idle.values())
-        received = sum(int(r["received"]) for r in idle.values())
-        if sent == received and all(r.get("settled", True) for r in idle.values()):
-            phases["idle"] = time.monotonic() - began
-            break
-        send_all("continue")
-    # without stop, each worker resumes its sources as soon as it has captured its state
-    send_all("snapshot", root=root, job=job, epoch=epoch, previous=previous, resume=not stop)
-    captured = gather("captured")
-    paused = phases["captured"] = time.monotonic() - began
+    worker_phases: dict[str, float] = {}
+    if aligned:
+        send_all("checkpoint", root=root, job=job, epoch=epoch, previous=previous,
+                 resume=not stop)
+        captured = gather("captured")
+        paused = phases["captured"] = time.monotonic() - began
+        sent = sum(int(r["sent"]) for r in captured.values())
+        received = sum(int(r["received"]) for r in captured.values())
+        unsettled = sorted(w for w, r in captured.items() if not r.get("settled", True))
+        if not stop:
+            send_all("cut")  # what a worker sends at times before the epoch after its capture
+        if sent != received or unsettled:
+            raise InconsistentCut(
+                f"the captures at epoch {epoch} are not a consistent cut: {sent} records sent "
+                f"and {received} received before them" +
+                (f", workers {unsettled} with a move at or before the epoch" if unsettled else ""))
+        for r in captured.values():
+            for name, seconds in (r.get("phases") or {}).items():
+                worker_phases[name] = max(worker_phases.get(name, 0.0), float(seconds))
+    else:
+        send_all("pause_at", epoch=epoch)
+        gather("paused")
+        phases["paused"] = time.monotonic() - began
+        send_all("drain")  # every source holds at the pause: no worker waits on another's input
+        while True:
+            idle = gather("idle")
+            sent = sum(int(r["sent"]) for r in idle.values())
+            received = sum(int(r["received"]) for r in idle.values())
+            if sent == received and all(r.get("settled", True) for r in idle.values()):
+                phases["idle"] = time.monotonic() - began
+                break
+            send_all("continue")
+        # without stop, each worker resumes its sources as soon as it has captured its state
+        send_all("snapshot", root=root, job=job, epoch=epoch, previous=previous, resume=not stop)
+        captured = gather("captured")
+        paused = phases["captured"] = time.monotonic() - began
     written = gather("written")
     phases["written"] = time.monotonic() - began
     parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]),
@@ -584,9 +774,11 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
                                    sum(p.bytes_written for p in parts),
                                    sum(p.bytes_reused for p in parts), phases,
                                    sum(int(r.get("bins_exported", 0)) for r in captured.values()),
-                                   max(float(r.get("stalled", 0.0)) for r in captured.values())))
+                                   max(float(r.get("stalled", 0.0)) for r in captured.values()),
+                                   "aligned" if aligned else "quiescent", worker_phases, discarded,
+                                   sum(int(r.get("held", 0)) for r in captured.values())))
     return epoch
 
 
-__all__ = ["ControlAgent", "ControlError", "CoordinatorHub", "Hub", "Link", "QueueHub", "QueueLink",
-           "SnapshotStats", "take_snapshot"]
+__all__ = ["ControlAgent", "ControlError", "CoordinatorHub", "Hub", "InconsistentCut", "Link",
+           "QueueHub", "QueueLink", "SnapshotStats", "take_snapshot"]

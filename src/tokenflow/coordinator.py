@@ -39,7 +39,7 @@ or not it steps; the driver declares a worker stalled when they stop, see ``Live
     {"kind": "heartbeat", "worker": int, "job": str, "done": bool}
 
 Control messages in either direction are maps with a ``"kind"`` string (a command such as
-``{"kind": "pause_at", "epoch": 40}``, or a reply such as ``{"kind": "idle", "worker": 1,
+``{"kind": "checkpoint", "epoch": 40, ...}``, or a reply such as ``{"kind": "captured", "worker": 1,
 ...}``); replies are queued in ``Coordinator.inbox`` rather than taken as reports.
 
 Hardening (the endpoint is reachable by anyone on the network): one thread serves the listening
@@ -291,7 +291,13 @@ _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "written": {"index_path": lambda v: isinstance(v, str), "crc32": lambda v: _is_int(v) and v >= 0,
                 "bytes_written": lambda v: _is_int(v) and v >= 0,
                 "bytes_reused": lambda v: v is None or (_is_int(v) and v >= 0)},
-    "captured": {"epoch": lambda v: _is_int(v) and v >= 0},
+    "captured": {"epoch": lambda v: _is_int(v) and v >= 0,
+                 "sent": lambda v: v is None or (_is_int(v) and v >= 0),
+                 "received": lambda v: v is None or (_is_int(v) and v >= 0),
+                 "held": lambda v: v is None or (_is_int(v) and v >= 0),
+                 "phases": lambda v: v is None or (isinstance(v, dict) and len(v) <= 16 and all(
+                     isinstance(k, str) and isinstance(x, int | float) and not isinstance(x, bool)
+                     for k, x in v.items()))},
     "write_failed": {"error": lambda v: isinstance(v, str) and len(v) <= 4096},
     "rescaled": {"steps": lambda v: _is_int(v) and v >= 0},
 }

@@ -15,7 +15,11 @@ Points: ``snapshot.part`` (a worker's part: after its blob file, before its inde
 ``snapshot.commit`` (the driver, before a checkpoint's manifest), ``parquet.commit`` (the
 sink's committer, after moving an epoch's files in, before the rename that commits it),
 ``megaphone.move`` (a migrating operator's old owner, after taking a moving bin's state out
-of its own, before sending it: the state is in flight, held by no worker).
+of its own, before sending it: the state is in flight, held by no worker), ``checkpoint.align``
+(a worker in an aligned checkpoint whose sources hold at the checkpoint's epoch, its barrier
+up, before its capture: ``tokenflow.control``), ``checkpoint.resumed`` (a worker right after
+its aligned capture, its sources resumed and its part not yet written, other workers possibly
+still aligning).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import os
 import signal
 
 ENV = "TOKENFLOW_CRASH"
-POINTS = ("snapshot.part", "snapshot.commit", "parquet.commit", "megaphone.move")
+POINTS = ("snapshot.part", "snapshot.commit", "parquet.commit", "megaphone.move", "checkpoint.align",
+          "checkpoint.resumed")
 
 _armed: dict[str, str] | None = None
 

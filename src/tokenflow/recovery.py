@@ -7,8 +7,10 @@ the input from there, discarding output produced again), "Input", "Output" and
 "Input/output synchronization"; docs/ARCHITECTURE.md ("Recovery").
 
 ``CheckpointedJob`` runs a job under the control plane and, every ``interval`` seconds, takes
-a checkpoint: every source pauses at a common epoch, the workers capture their state and
-resume at once while the parts are written in the background, and the driver commits the
+a checkpoint at a common epoch: by default aligned (``tokenflow.control``): no source waits
+for the driver, each worker captures its state as soon as the job has finished the epochs
+before the checkpoint's (records of later epochs wait at its operators' inputs meanwhile)
+and goes on at once; the parts are written in the background, and the driver commits the
 checkpoint (manifest last) when every part is durable.  Parts are incremental (a bin whose
 bytes did not change is referenced in the previous checkpoint), and all but the ``keep``
 newest checkpoints are pruned (with the input log below the oldest kept).
@@ -179,6 +181,12 @@ class CheckpointedJob:
             once, and the rest of the schedule keeps its times (docs/ARCHITECTURE.md,
             "Elasticity": replaying a step or not does not change the output).
         strategy: the migration strategy of the schedule's rescales.
+        aligned: take checkpoints by the aligned protocol (``tokenflow.control``: each
+            worker captures its state as soon as the epochs before the checkpoint's are done
+            and goes on at once; no source waits for the driver or for another worker's
+            capture); False: the quiescent one (sources stop, the job drains, every worker
+            waits for all captures), as an aligned checkpoint whose captures were not a
+            consistent cut is taken again.
 
     Raises (constructor):
         ValueError: ``interval <= 0``, ``keep < 2``, ``restarts < 0`` or ``margin < 0``; a
@@ -190,7 +198,7 @@ class CheckpointedJob:
                  checkpoint: str | os.PathLike[str], interval: float = 1.0, name: str | None = None,
                  bins: int = DEFAULT_BINS, restarts: int = 3, keep: int = 2, restore: bool = False,
                  margin: int = 1, rescale_schedule: Sequence[tuple[float, int]] = (),
-                 strategy: str = "batched", **options: Any) -> None:
+                 strategy: str = "batched", aligned: bool = True, **options: Any) -> None:
         slots = options.get("slots")
         if slots is not None and slots > workers:
             raise ValueError(f"a checkpointed job cannot have worker slots beyond its {workers} "
@@ -218,6 +226,7 @@ class CheckpointedJob:
         self.restarts = restarts
         self.keep = keep
         self.margin = margin
+        self.aligned = aligned
         self.options = options
         self.resumed = restore
         """A resumed job: the checkpoint directory may hold output and input log of an
@@ -385,7 +394,8 @@ class CheckpointedJob:
                 epoch = take_snapshot(handle.hub, list(range(self.workers)), self.root, self.name,
                                       handle.spec.table, stop=stop, alive=lambda: handle.running,
                                       previous=attempt.previous, stats=self.stats,
-                                      margin=0 if stop else self.margin)
+                                      margin=0 if stop else self.margin,
+                                      aligned=self.aligned)
             except (ControlError, SnapshotError, OSError) as exc:
                 handle.wait(0.5)  # a job that just ended cannot answer: not worth a warning
                 if not handle.running:
@@ -394,7 +404,11 @@ class CheckpointedJob:
                 continue
             if epoch is not None:
                 attempt.previous = self.last_committed = epoch
-                self._note("checkpoint", epoch, f"checkpoint at epoch {epoch} committed")
+                last = self.stats[-1] if self.stats else None
+                how = "" if last is None or last.epoch != epoch else \
+                    f" ({last.protocol}" + (f", after {last.discarded} aligned attempt(s) that "
+                                            "were not a consistent cut" if last.discarded else "") + ")"
+                self._note("checkpoint", epoch, f"checkpoint at epoch {epoch} committed{how}")
                 self._prune()
             if stop:
                 self._note("stop", self.last_committed, "stopped at a checkpoint")

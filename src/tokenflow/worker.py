@@ -18,7 +18,7 @@ from tokenflow.dataflow.scope import Scope
 from tokenflow.dataflow.state import BinnedState
 from tokenflow.order.summary import Increment
 from tokenflow.progress.broadcast import Progcaster
-from tokenflow.progress.location import Source
+from tokenflow.progress.location import Source, Target
 from tokenflow.progress.subgraph import Subgraph, SubgraphBuilder
 from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
 
@@ -66,20 +66,28 @@ class Traffic:
     workers of a job, ``sent == received`` once no data message is in flight; the checks that
     a snapshot is a consistent cut rely on it (``tokenflow.control``).
 
-    ``barrier``: while an aligned checkpoint at epoch ``e`` waits for this worker's capture
-    (``tokenflow.control``), ``e``, else None.  An operator input then holds back the first
-    message at a time at or after ``e`` (by its outermost coordinate) instead of handing it to
-    its operator, and every message behind it, until ``lift()`` (``OperatorInput.next``); a
-    held message is not counted in ``received`` until it is handed over.  ``held``: the
-    inputs holding one."""
+    An aligned snapshot at epoch ``e`` (``tokenflow.control``) also uses two gates here:
 
-    __slots__ = ("sent", "received", "barrier", "held")
+    * ``barrier``: ``e`` until this worker has captured its state, else None.  An operator
+      input then holds back the first message at a time at or after ``e`` (by its outermost
+      coordinate) instead of handing it to its operator, and every message behind it, until
+      ``lift()`` (``OperatorInput.next``); a held message is not counted in ``received``
+      until it is handed over.  ``held``: the inputs holding one.
+    * ``defer``: ``e`` from this worker's capture until every worker has captured, else None.
+      A message pushed meanwhile at a time before ``e`` is counted in ``sent`` but kept in
+      ``deferred`` instead of entering its channel, until ``release_deferred()``
+      (``CountingPush``): no worker that has not captured yet receives it.
+    """
+
+    __slots__ = ("sent", "received", "barrier", "held", "defer", "deferred")
 
     def __init__(self) -> None:
         self.sent = 0
         self.received = 0
         self.barrier: int | None = None
         self.held: list[Any] = []
+        self.defer: int | None = None
+        self.deferred: list[tuple[Any, Any]] = []
 
     def holds(self, time: Any) -> bool:
         """True while a barrier is up and ``time`` (its outermost coordinate: a nested scope's
@@ -91,12 +99,29 @@ class Traffic:
             time = time[0]
         return bool(time >= barrier)
 
+    def defers(self, time: Any) -> bool:
+        """True while ``defer`` is set and ``time`` (its outermost coordinate) is before it."""
+        defer = self.defer
+        if defer is None:
+            return False
+        while isinstance(time, tuple):
+            time = time[0]
+        return bool(time < defer)
+
     def lift(self) -> list[Any]:
         """Take the barrier down; returns the inputs that held a message (wake their operators:
         ``OperatorInput.release``)."""
         self.barrier = None
         held, self.held = self.held, []
         return held
+
+    def release_deferred(self) -> int:
+        """Stop deferring and push the deferred messages, in order; returns how many."""
+        self.defer = None
+        deferred, self.deferred = self.deferred, []
+        for pusher, message in deferred:
+            pusher.push(message)
+        return len(deferred)
 
 
 class Worker:
@@ -572,18 +597,24 @@ class Worker:
     def dataflows_running(self) -> int:
         return len(self._dataflows)
 
-    def complete_before(self, epoch: int) -> bool:
-        """True when this worker's view of every running dataflow holds no pointstamp (a token
-        or a message in flight) at a time before ``epoch``: every record at such a time was
-        consumed, on every worker, and no operator can still produce one.  Conservative (timely's
-        progress safety): another worker's view may already be complete when this one's is
-        not, never the other way round.  Checks the top-level scopes (a nested scope's work
-        appears there as its tokens)."""
+    def aligned_at(self, epoch: int) -> bool:
+        """True when this worker's view of every running dataflow holds no message in flight
+        at a time before ``epoch``, and every token before ``epoch`` belongs to an operator
+        whose inputs' frontiers are all at or after ``epoch`` (it has received everything
+        before ``epoch``; e.g. a sink holding an unfinished bin of epochs).  Conservative
+        (timely's progress safety): a message another worker sent is seen in flight here
+        until its receiver has consumed it.  Checks the top-level scopes (a nested scope's
+        work appears there as its tokens and messages)."""
         for subgraph in self._dataflows.values():
-            for per_op in subgraph.tracker.per_operator:
-                for info in (*per_op.targets, *per_op.sources):
-                    for t in info.pointstamps.frontier():
-                        if t < epoch:
+            tracker = subgraph.tracker
+            for node, per_op in enumerate(tracker.per_operator):
+                for info in per_op.targets:
+                    if any(t < epoch for t in info.pointstamps.frontier()):
+                        return False
+                if node and any(t < epoch for info in per_op.sources
+                                for t in info.pointstamps.frontier()):
+                    for port in range(len(per_op.targets)):
+                        if any(t < epoch for t in tracker.frontier(Target(node, port))):
                             return False
         return True
 

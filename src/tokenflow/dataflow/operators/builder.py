@@ -61,11 +61,12 @@ class OperatorInput:
     """
 
     __slots__ = ("_puller", "consumed", "frontier", "_internals", "_summaries", "_op", "_refs",
-                 "port", "_traffic")
+                 "port", "_traffic", "_held")
 
     def __init__(self, op: OperatorCore, port: int, puller: Pull, traffic: Any = None) -> None:
         self._puller = puller
         self._traffic = traffic
+        self._held: Any = None  # a message held back at a checkpoint barrier (``Traffic``)
         self.consumed: ChangeBatch[Any] = ChangeBatch()
         self.frontier = MutableAntichain()
         self._internals = op.internal
@@ -75,10 +76,24 @@ class OperatorInput:
         self.port = port
 
     def next(self) -> tuple[CapabilityRef, Any] | None:
-        """The next received message, or None when none is waiting."""
-        message = self._puller.pull()
-        if message is None:
-            return None
+        """The next received message, or None when none is waiting (or while a checkpoint
+        barrier holds this input's next message back: ``Traffic.barrier``)."""
+        message = self._held
+        traffic = self._traffic
+        if message is not None:
+            if traffic.holds(message[0]):
+                if self not in traffic.held:  # held since an earlier barrier
+                    traffic.held.append(self)
+                return None
+            self._held = None
+        else:
+            message = self._puller.pull()
+            if message is None:
+                return None
+            if traffic is not None and traffic.barrier is not None and traffic.holds(message[0]):
+                self._held = message  # it and everything behind it wait for the capture
+                traffic.held.append(self)
+                return None
         time, batch = message
         if not self.frontier.less_equal(time):
             raise ProgressSafetyError(
@@ -104,6 +119,11 @@ class OperatorInput:
         """Call ``fn(ref, batch)`` for every waiting message."""
         for ref, batch in self:
             fn(ref, batch)
+
+    def release(self) -> None:
+        """Schedule the operator after a checkpoint barrier held a message back here (it is
+        handed over at the next ``next``)."""
+        self._op.wake()
 
     def _expire(self) -> None:
         for ref in self._refs:
@@ -282,7 +302,8 @@ class OperatorOutput:
 
 class CountingPush:
     """Counts the records a channel will deliver (``len(batch) * weight``: an exchange delivers
-    each record once, a broadcast once per worker) into the worker's ``Traffic.sent``."""
+    each record once, a broadcast once per worker) into the worker's ``Traffic.sent``, and
+    keeps a message back while ``Traffic.defer`` says so (an aligned snapshot)."""
 
     __slots__ = ("_pusher", "_traffic", "_weight")
 
@@ -292,7 +313,11 @@ class CountingPush:
         self._weight = weight
 
     def push(self, message: Any) -> None:
-        self._traffic.sent += len(message[1]) * self._weight
+        traffic = self._traffic
+        traffic.sent += len(message[1]) * self._weight
+        if traffic.defer is not None and traffic.defers(message[0]):
+            traffic.deferred.append((self._pusher, message))
+            return
         self._pusher.push(message)
 
 
