@@ -162,10 +162,18 @@ def test_directory_word_count_sources_follow_workers_on_spark(spark: Any,
     directory_case("spark", tmp_path, spark=spark)
 
 
-def directory_case(runtime: str, tmp_path: Path, **options: Any) -> None:
+def test_replacing_a_worker_hands_its_share_of_the_directory_to_the_new_one(
+        tmp_path: Path) -> None:
+    """A rolling upgrade step of a job whose workers read a directory: worker 1 is replaced
+    by worker 2, which takes worker 1's files and bins."""
+    directory_case("thread", tmp_path, replace=True)
+
+
+def directory_case(runtime: str, tmp_path: Path, replace: bool = False,
+                   **options: Any) -> None:
     """Files keep arriving while 2 workers count their words; a third joins with a share of
     the directory at a random time, later worker 1 (one the job started with) leaves and
-    hands its share away."""
+    hands its share away (``replace``: worker 1 is replaced by the third in one step)."""
     inbox = tmp_path / "inbox"
     inbox.mkdir()
     stop = threading.Event()
@@ -188,9 +196,12 @@ def directory_case(runtime: str, tmp_path: Path, **options: Any) -> None:
     try:
         rng = random.Random()
         time.sleep(rng.uniform(0.1, 0.5))
-        assert handle.scale(3) == [0, 1, 2]  # joins with a share of the directory
-        time.sleep(rng.uniform(0.4, 0.8))
-        handle.remove_worker(1)  # hands its share to workers 0 and 2
+        if replace:
+            assert handle.replace_worker(1) == 2  # 1's files and bins go to 2, then 1 leaves
+        else:
+            assert handle.scale(3) == [0, 1, 2]  # joins with a share of the directory
+            time.sleep(rng.uniform(0.4, 0.8))
+            handle.remove_worker(1)  # hands its share to workers 0 and 2
         time.sleep(0.4)
     finally:
         stop.set()
@@ -212,8 +223,10 @@ def directory_case(runtime: str, tmp_path: Path, **options: Any) -> None:
             read.setdefault(w, {}).setdefault(name, []).append(tuple(span))
     tiles(read, {f"part-{i:04d}.csv": len(file_lines(i)) for i in written})
     moves = handle.source_moves
-    assert [m.mode for m in moves] == ["names", "names"]
-    assert moves[0].roster == [0, 1, 2] and moves[1].roster == [0, 2]
+    if replace:
+        assert [(m.mode, m.roster) for m in moves] == [("names", [0, 2])]
+    else:
+        assert [(m.mode, m.roster) for m in moves] == [("names", [0, 1, 2]), ("names", [0, 2])]
 
 
 def test_a_timed_directory_source_refuses_to_hand_over_and_joined_jobs_to_snapshot(
