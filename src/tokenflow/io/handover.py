@@ -51,9 +51,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-FILE_DONE = -1
-"""A file read to its end (as ``tokenflow.io.directory.FILE_DONE``)."""
-
 
 class HandoverError(RuntimeError):
     """A source cannot hand its work over (names the source and why)."""
@@ -70,7 +67,11 @@ class Handover:
         expected: pieces (splits or name lists) the current reassignment brings here; None
             until phase 2 arrived.
         arrived: pieces received for it so far.
-        received_rows: offsets of splits received, by key (for reports).
+        pending: pieces that arrived before phase 2 reached this worker.
+        handed: split key -> offset, for the splits this worker gave away in the last one.
+        received: split key -> offset, for the splits handed to this worker.
+        adopt_table: a directory source on a worker that never ran it (joined): it takes the
+            name table from the senders' messages.
     """
 
     def __init__(self) -> None:
@@ -80,10 +81,10 @@ class Handover:
         self.give: dict[str, int] = {}
         self.expected: int | None = None
         self.arrived = 0
-        self.pending: list[Any] = []  # pieces that arrived before phase 2
-        self.handed: dict[str, int] = {}  # split key -> offset handed (last reassignment)
-        self.received: dict[str, int] = {}  # split key -> offset received
-        self.adopt_table = False  # a directory source on a joined worker: table from senders
+        self.pending: list[Any] = []
+        self.handed: dict[str, int] = {}
+        self.received: dict[str, int] = {}
+        self.adopt_table = False
 
     @property
     def complete(self) -> bool:
@@ -215,6 +216,8 @@ def _switch_names(reader: Any, roster: list[int], send: bool) -> None:
     ``roster``.  A worker that ran the source (``send``) rebalances its table and sends every
     other worker of ``roster`` the names it took that the new table gives that worker (and
     the table); a joined one takes the table from those messages."""
+    from tokenflow.io.directory import FILE_DONE
+
     moves = reader.moves
     worker = reader.job_worker
     index = worker.index
@@ -315,5 +318,5 @@ def _take(reader: Any, piece: tuple[Any, ...]) -> None:
     moves.arrived += 1
 
 
-__all__ = ["FILE_DONE", "Handover", "HandoverError", "fence", "hand", "hand_off", "moves_of",
+__all__ = ["Handover", "HandoverError", "fence", "hand", "hand_off", "moves_of",
            "reassign", "receive", "split_cutoff"]
