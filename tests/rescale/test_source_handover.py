@@ -114,6 +114,23 @@ def nexmark_case(runtime: str, events: int, stay: float, **options: Any) -> None
     assert 0 < joined < events, f"the joined worker read {joined} of {events} events"
 
 
+def test_nexmark_q8_sources_follow_workers_through_2_3_4_3_2_on_processes() -> None:
+    """Each join re-splits the generator's splits onto the newcomer, each leave hands the
+    leaver's back; q8's output is a run's that never rescales, every event read once."""
+    events = 2_400_000
+    reference = run_query("q8", events, workers=2, granularity_ms=100).rows
+    result = run_query("q8", events, workers=2, runtime="process", max_workers=4,
+                       granularity_ms=100, move_sources=True,
+                       rescale_schedule=[(0.2, 3), (0.6, 4), (1.2, 3), (1.8, 2)])
+    assert [(e.workers, e.error) for e in result.rescales] == [(3, None), (4, None), (3, None),
+                                                               (2, None)]
+    assert len(reference) > 0
+    pd.testing.assert_frame_equal(result.rows.reset_index(drop=True),
+                                  reference.reset_index(drop=True), check_dtype=False)
+    tiles(result.read, {s.key: s.rows for s in nexmark_splits(events, splits=16, block=5000)})
+    assert all(result.read.get(w) for w in (2, 3)), "a joined worker generated no event"
+
+
 # -- a word count over a directory -----------------------------------------------------------
 
 
