@@ -128,6 +128,10 @@ class ControlError(RuntimeError):
     """The control protocol failed: a worker did not answer in time or answered wrongly."""
 
 
+class ReplyTimeout(ControlError):
+    """A reply did not come within the time allowed (``gather``)."""
+
+
 class Hub(Protocol):
     """The driver's side: send commands, receive replies."""
 
@@ -467,7 +471,8 @@ class ControlAgent:
             if message.get("barrier"):  # an aligned snapshot: hold later records until it
                 worker.traffic.barrier = max(points) if points else _EVERYTHING
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
-                            "point": max(points) if points else None, "granularity": step})
+                            "point": max(points) if points else None, "granularity": step,
+                            "align": not getattr(worker, "rescalers", ())})
         elif kind == "checkpoint":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
@@ -480,6 +485,7 @@ class ControlAgent:
             epoch = int(message["epoch"])
             for source in self._sources(worker):
                 source.pause_at(epoch)
+            self._lift(worker)  # a quiescent snapshot after all: every record is delivered
             self.pause_epoch = epoch
             self.announced = self.draining = False
         elif kind == "drain":
@@ -539,8 +545,9 @@ def gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
     overtake these (``_LATER``) are kept in ``stash`` for the gather that wants them.
 
     Raises:
-        ControlError: a reply of another kind, none within ``timeout`` seconds, or the job
-            ended (``alive()`` false) before every worker replied.
+        ControlError: a reply of another kind, none within ``timeout`` seconds
+            (``ReplyTimeout``), or the job ended (``alive()`` false) before every worker
+            replied.
     """
     waiting = set(workers)
     replies: dict[int, dict[str, Any]] = {}
@@ -564,7 +571,7 @@ def gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
             if left > 0:
                 raise ControlError(f"the job ended before workers {sorted(waiting)} sent "
                                    f"{kind!r} (nothing left to snapshot?)")
-            raise ControlError(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
+            raise ReplyTimeout(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
         if message.get("round") != round_:
             continue  # a reply to an earlier, abandoned round
         if message.get("kind") in _LATER.get(kind, ()):
@@ -587,8 +594,12 @@ class InconsistentCut(ControlError):
     """An aligned snapshot's captures were not a consistent cut: a record sent before its
     sender's capture was received after its receiver's (the sums of the ``sent`` and
     ``received`` counters at the captures differ), or a migrating operator had a move at or
-    before the epoch still to send.  Nothing was committed; ``take_snapshot`` retries with the
-    quiescent protocol."""
+    before the epoch still to send; or (``stuck``) not every worker captured in time.  Nothing
+    was committed; ``take_snapshot`` retries with the quiescent protocol."""
+
+    def __init__(self, message: str, stuck: bool = False) -> None:
+        super().__init__(message)
+        self.stuck = stuck
 
 
 @dataclass(frozen=True)
@@ -615,11 +626,14 @@ class SnapshotStats:
             up`` (``checkpoint`` received until the worker's sources held at the epoch),
             ``align`` (until no record before the epoch remained anywhere and the worker had
             nothing to run), ``capture`` (exporting its state).
-        discarded: aligned attempts whose captures were discarded (``InconsistentCut``) before
-            this snapshot was taken.
+        discarded: why each aligned attempt discarded before this snapshot was (``InconsistentCut``:
+            not a consistent cut, or the alignment did not complete in time).
         held: (aligned) operator inputs, summed over the workers, that held records of the
             epoch or later back at the worker's capture (sent by workers that had captured,
             or the worker's own).
+        stuck: one of the ``discarded`` attempts did not complete its alignment in time (some
+            operator keeps a record before the epoch in flight until every worker has
+            captured): ``CheckpointedJob`` then takes quiescent checkpoints only.
     """
 
     epoch: int
@@ -632,8 +646,9 @@ class SnapshotStats:
     stalled: float = 0.0
     protocol: str = "quiescent"
     worker_phases: dict[str, float] = field(default_factory=dict)
-    discarded: int = 0
+    discarded: list[str] = field(default_factory=list)
     held: int = 0
+    stuck: bool = False
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -641,16 +656,20 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
                   on_epoch: Callable[[int], None] | None = None,
                   alive: Callable[[], bool] | None = None, previous: int | None = None,
                   stats: list[SnapshotStats] | None = None, margin: int = 0,
-                  aligned: bool = True) -> int | None:
+                  aligned: bool = True, align_timeout: float = 10.0) -> int | None:
     """Bring every source to a common epoch, capture every worker's state there and commit
     the snapshot, then stop the job (or let it go on).  Returns the snapshot's epoch.
     ``alive()`` tells whether the job still runs (a job that ends cannot answer).
 
     ``aligned``: the aligned protocol (module docstring: the job keeps running while each
     worker captures as soon as the epochs before the snapshot's are done, and resumes at
-    once); if its captures turn out not to be a consistent cut, they are discarded and the
-    snapshot is taken again at once by the quiescent protocol (``aligned=False``: sources stop
-    at the epoch, the job drains, every worker waits for the others' captures).
+    once); if its captures turn out not to be a consistent cut, or not every worker has
+    captured within ``align_timeout`` seconds, they are discarded and the snapshot is taken
+    again at once by the quiescent protocol (``aligned=False``: sources stop at the epoch, the
+    job drains, every worker waits for the others' captures).  A job with migrating operators
+    (``tokenflow.rescale``) is always snapshotted by the quiescent protocol: a state move at the
+    epoch is sent before the cut, and a router holds records before the epoch that it routes
+    after it.
 
     With ``stop=False`` the job resumes as soon as each worker captured its state, while
     the parts are written (asynchronous).  ``previous``: the epoch of the last committed
@@ -665,7 +684,8 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
         SnapshotError: a worker's part cannot be committed.
     """
-    discarded = 0
+    discarded: list[str] = []
+    stuck = False
     while True:
         round_ = next(_ROUNDS)
 
@@ -675,16 +695,18 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
 
         stash: list[dict[str, Any]] = []
 
-        def gather_round(kind: str, round_: int = round_,
+        def gather_round(kind: str, limit: float = timeout, round_: int = round_,
                          stash: list[dict[str, Any]] = stash) -> dict[int, dict[str, Any]]:
-            return gather(hub, kind, workers, timeout, alive, round_, stash)
+            return gather(hub, kind, workers, limit, alive, round_, stash)
 
         try:
             return _snapshot_round(send_all, gather_round, root, job, routing, stop, on_epoch,
-                                   previous, stats, margin, aligned, discarded)
-        except InconsistentCut:
+                                   previous, stats, margin, aligned, discarded,
+                                   min(timeout, align_timeout), stuck)
+        except InconsistentCut as exc:
             _resume_all(hub, workers, round_, alive)
-            discarded += 1
+            discarded.append(str(exc))
+            stuck = stuck or exc.stuck
             aligned = False  # at once, by the protocol that does not depend on the cut
         except (ControlError, SnapshotError):
             _resume_all(hub, workers, round_, alive)
@@ -706,15 +728,17 @@ _ROUNDS = itertools.count(int(time.time() * 1000) % 10**9)
 echoes it, so a reply to an abandoned round is never taken for one of the current round."""
 
 
-def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[int, dict[str, Any]]],
+def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[int, dict[str, Any]]],
                     root: str, job: str, routing: RoutingTable, stop: bool,
                     on_epoch: Callable[[int], None] | None, previous: int | None,
                     stats: list[SnapshotStats] | None, margin: int = 0, aligned: bool = True,
-                    discarded: int = 0) -> int | None:
+                    discarded: list[str] | None = None, align_timeout: float = 10.0,
+                    stuck: bool = False) -> int | None:
     began = time.monotonic()
     send_all("hold", margin=margin, barrier=aligned)
     held = gather("held")
     phases = {"held": time.monotonic() - began}
+    aligned = aligned and all(r.get("align", True) for r in held.values())
     points = [int(r["point"]) for r in held.values() if r.get("point") is not None]
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
@@ -729,7 +753,11 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
     if aligned:
         send_all("checkpoint", root=root, job=job, epoch=epoch, previous=previous,
                  resume=not stop)
-        captured = gather("captured")
+        try:
+            captured = gather("captured", align_timeout)
+        except ReplyTimeout as exc:
+            raise InconsistentCut(f"the alignment at epoch {epoch} did not complete: {exc}",
+                                  stuck=True) from exc
         paused = phases["captured"] = time.monotonic() - began
         sent = sum(int(r["sent"]) for r in captured.values())
         received = sum(int(r["received"]) for r in captured.values())
@@ -775,10 +803,11 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[[str], dict[
                                    sum(p.bytes_reused for p in parts), phases,
                                    sum(int(r.get("bins_exported", 0)) for r in captured.values()),
                                    max(float(r.get("stalled", 0.0)) for r in captured.values()),
-                                   "aligned" if aligned else "quiescent", worker_phases, discarded,
-                                   sum(int(r.get("held", 0)) for r in captured.values())))
+                                   "aligned" if aligned else "quiescent", worker_phases,
+                                   list(discarded or ()),
+                                   sum(int(r.get("held", 0)) for r in captured.values()), stuck))
     return epoch
 
 
 __all__ = ["ControlAgent", "ControlError", "CoordinatorHub", "Hub", "InconsistentCut", "Link",
-           "QueueHub", "QueueLink", "SnapshotStats", "take_snapshot"]
+           "QueueHub", "QueueLink", "ReplyTimeout", "SnapshotStats", "take_snapshot"]

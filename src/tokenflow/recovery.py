@@ -186,7 +186,9 @@ class CheckpointedJob:
             and goes on at once; no source waits for the driver or for another worker's
             capture); False: the quiescent one (sources stop, the job drains, every worker
             waits for all captures), as an aligned checkpoint whose captures were not a
-            consistent cut is taken again.
+            consistent cut is taken again.  After an aligned checkpoint whose alignment did not
+            complete in time (``take_snapshot(align_timeout=)``) every later checkpoint is
+            quiescent; a job with migrating operators always takes quiescent ones.
 
     Raises (constructor):
         ValueError: ``interval <= 0``, ``keep < 2``, ``restarts < 0`` or ``margin < 0``; a
@@ -405,9 +407,14 @@ class CheckpointedJob:
             if epoch is not None:
                 attempt.previous = self.last_committed = epoch
                 last = self.stats[-1] if self.stats else None
+                if last is not None and last.stuck and self.aligned:
+                    self.aligned = False  # see ``aligned``
+                    self._note("checkpoint", epoch, "an aligned checkpoint did not complete in "
+                               f"time ({last.discarded[-1]}); quiescent checkpoints from now on",
+                               logging.WARNING)
                 how = "" if last is None or last.epoch != epoch else \
-                    f" ({last.protocol}" + (f", after {last.discarded} aligned attempt(s) that "
-                                            "were not a consistent cut" if last.discarded else "") + ")"
+                    f" ({last.protocol}" + (f", after a discarded aligned attempt: "
+                                            f"{last.discarded[-1]}" if last.discarded else "") + ")"
                 self._note("checkpoint", epoch, f"checkpoint at epoch {epoch} committed{how}")
                 self._prune()
             if stop:
