@@ -187,3 +187,63 @@ def test_sigkill_during_an_aligned_checkpoint_is_recovered(tmp_path: Path, table
     assert committed_rows(tmp_path / "out") == expected
     assert any(s.protocol == "aligned" for s in job.stats)
     assert os.listdir(ckpt)
+
+
+
+def fake_worker(hub: Any, w: int, how: str) -> None:
+    """A worker that speaks the control protocol without a job: its aligned capture never
+    comes (``stuck``) or reports counters that do not add up (``crossed``: a record sent before
+    its sender's capture and received after its receiver's); quiescent snapshots work."""
+    from tokenflow.state.snapshot import write_worker_part
+
+    link = hub.link(w)
+    sent = 0
+    while True:
+        m = link.poll(10.0)
+        if m is None or m["kind"] == "stop":
+            return
+        kind, r = m["kind"], m["round"]
+        reply: dict[str, Any] = {"worker": w, "round": r}
+        if kind == "hold":
+            link.send({**reply, "kind": "held", "point": 10 + sent, "granularity": 1})
+        elif kind == "checkpoint" and how == "crossed":
+            link.send({**reply, "kind": "captured", "epoch": m["epoch"], "sent": 5 * w,
+                       "received": 0, "settled": True})
+        elif kind == "pause_at":
+            link.send({**reply, "kind": "paused", "epoch": m["epoch"]})
+        elif kind == "drain":
+            link.send({**reply, "kind": "idle", "sent": 0, "received": 0, "settled": True})
+        elif kind == "snapshot":
+            link.send({**reply, "kind": "captured", "epoch": m["epoch"]})
+            part = write_worker_part(m["root"], job=m["job"], epoch=m["epoch"], worker=w,
+                                     bins=64, states={}, meta={})
+            link.send({**reply, "kind": "written", "index_path": part.index_path,
+                       "crc32": part.crc32, "bytes_written": part.bytes_written,
+                       "bytes_reused": part.bytes_reused})
+        elif kind == "resume":
+            sent += 1
+
+
+@pytest.mark.parametrize("how", ["stuck", "crossed"])
+def test_an_aligned_checkpoint_that_fails_is_taken_again_by_the_quiescent_protocol(
+        tmp_path: Path, how: str) -> None:
+    import threading
+
+    from tokenflow.control import QueueHub
+    from tokenflow.state.bins import RoutingTable
+
+    hub = QueueHub(2)
+    threads = [threading.Thread(target=fake_worker, args=(hub, w, how), daemon=True)
+               for w in (0, 1)]
+    for t in threads:
+        t.start()
+    stats: list = []
+    epoch = take_snapshot(hub, [0, 1], str(tmp_path / "snap"), NAME, RoutingTable.even(2, 64),
+                          stop=True, stats=stats, align_timeout=0.5)
+    for t in threads:
+        t.join(10)
+    assert epoch is not None and committed_epochs(tmp_path / "snap") == [epoch]
+    (s,) = stats
+    assert s.protocol == "quiescent" and len(s.discarded) == 1
+    assert s.stuck == (how == "stuck")
+    assert ("did not complete" if how == "stuck" else "not a consistent cut") in s.discarded[0]
