@@ -98,9 +98,9 @@ def window_max(key: str | None) -> Callable[[Rng], WindowMaxState]:
 
 def window_state(rng: Rng) -> q8.WindowState:
     state = q8.WindowState(size=10)
-    for _ in range(int(rng.integers(0, 8))):
+    for _ in range(int(rng.integers(0, 300))):  # beyond COMPACT_AFTER batches per window
         end = int(rng.integers(1, 5)) * 10
-        n = int(rng.integers(0, 40))
+        n = int(rng.integers(0, 8))
         if rng.random() < 0.5:
             ids = rng.integers(0, 400, n)
             state.add_persons(end, pa.RecordBatch.from_arrays(
@@ -172,6 +172,23 @@ STATES: dict[str, tuple[Callable[[Rng], ColumnarState], Callable[[Any], Any]]] =
     "q7-max-local": (window_max(None), finish_max),
     "q8-windows": (window_state, finish_windows),
 }
+
+
+def test_q8_windows_are_compacted() -> None:
+    """``WindowState`` merges every ``COMPACT_AFTER`` batches (arrays) added to a window into
+    one, and still holds every row, in order."""
+    state = q8.WindowState(size=10)
+    ids = np.arange(1_000)
+    for chunk in np.array_split(ids, 500):
+        state.add_persons(10, pa.RecordBatch.from_arrays(
+            [pa.array(chunk), pa.array([str(i) for i in chunk.tolist()])],
+            schema=q8.PERSON_SCHEMA))
+        state.add_sellers(10, chunk)
+    assert len(state.persons[10]) < 500 // q8.COMPACT_AFTER + q8.COMPACT_AFTER
+    assert len(state.sellers[10]) < 500 // q8.COMPACT_AFTER + q8.COMPACT_AFTER
+    held = pa.Table.from_batches(state.persons[10])
+    assert held.column("id").to_pylist() == ids.tolist()
+    assert np.concatenate(state.sellers[10]).tolist() == ids.tolist()
 
 
 # -- the oracle and the checks ----------------------------------------------------------------

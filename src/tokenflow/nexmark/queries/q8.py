@@ -60,6 +60,8 @@ SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.i
                                ("id", pa.int64()), ("name", pa.utf8())])
 WINDOW_MS = 10_000
 """Tumbling window length in ms."""
+COMPACT_AFTER = 64
+"""A window's last this many person batches (seller arrays) are merged into one."""
 
 # Spark's ``window`` (aligned to the Unix epoch, session time zone UTC) assigns the windows
 # independently of the dataflow's arithmetic.
@@ -104,6 +106,7 @@ class WindowState(ColumnarState):
         self.size = size
         self.persons: dict[int, list[pa.RecordBatch]] = {}
         self.sellers: dict[int, list[np.ndarray]] = {}
+        self._loose: dict[tuple[int, int], int] = {}  # (part, end) -> batches added unmerged
 
     def windows(self, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """The distinct window ends of event ``times`` (ms) and, per end, the rows in it."""
@@ -119,15 +122,38 @@ class WindowState(ColumnarState):
         return unique, np.split(order, bounds)
 
     def add_persons(self, end: int, rows: pa.RecordBatch) -> None:
-        self.persons.setdefault(end, []).append(rows)
+        """Hold persons ``rows`` (``PERSON_SCHEMA``) of the window ending at ``end``.  Every
+        ``COMPACT_AFTER`` batches added to a window are merged into one (a copy of their rows):
+        a window's persons stay in a few hundred batches, not one per 1 ms message, so a
+        take or a close handles few batches."""
+        held = self.persons.setdefault(end, [])
+        held.append(rows)
+        n = self._loose.get((0, end), 0) + 1
+        if n < COMPACT_AFTER:
+            self._loose[(0, end)] = n
+            return
+        self._loose[(0, end)] = 0
+        held[-n:] = pa.Table.from_batches(held[-n:], schema=PERSON_SCHEMA) \
+            .combine_chunks().to_batches()
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
-        self.sellers.setdefault(end, []).append(sellers)
+        """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
+        ``COMPACT_AFTER`` arrays added to a window are merged into one."""
+        held = self.sellers.setdefault(end, [])
+        held.append(sellers)
+        n = self._loose.get((1, end), 0) + 1
+        if n < COMPACT_AFTER:
+            self._loose[(1, end)] = n
+            return
+        self._loose[(1, end)] = 0
+        held[-n:] = [np.concatenate(held[-n:])]
 
     def close(self, end: int) -> pa.RecordBatch:
         """Forget the window ending at ``end``; its output rows (``SCHEMA``, distinct by
         ``(id, name)``)."""
         persons = self.persons.pop(end, [])
+        self._loose.pop((0, end), None)
+        self._loose.pop((1, end), None)
         sellers = self.sellers.pop(end, [])
         if not persons or not sellers:
             return _empty()
@@ -182,6 +208,7 @@ class WindowState(ColumnarState):
         sellers taken keeps the others as one array and exports the distinct taken ones, as
         ``rows()`` does.  A window left without persons (sellers) is forgotten there; one
         left with neither releases its token."""
+        self._loose = {}  # batches added before stay as they are
         person_parts: list[pa.Table] = []
         person_ends: list[np.ndarray] = []
         person_hashes: list[np.ndarray] = []
@@ -256,6 +283,7 @@ class WindowState(ColumnarState):
     def clear(self) -> None:
         self.persons = {}
         self.sellers = {}
+        self._loose = {}
 
     def snapshot(self) -> dict[str, Any]:
         """The state as plain data: ``{"size": ms, "windows": [ends], "persons": {end:
@@ -272,6 +300,7 @@ class WindowState(ColumnarState):
     def restore(self, snapshot: dict[str, Any]) -> None:
         """Replace the state by a ``snapshot()``."""
         self.size = snapshot["size"]
+        self._loose = {}
         self.persons = {e: t.combine_chunks().to_batches() or [] for e, t in snapshot["persons"].items()}
         self.sellers = {e: [np.asarray(a, dtype=np.int64)] for e, a in snapshot["sellers"].items()}
 
