@@ -597,14 +597,16 @@ class Worker:
     def dataflows_running(self) -> int:
         return len(self._dataflows)
 
-    def aligned_at(self, epoch: int) -> bool:
+    def aligned_at(self, epoch: int, strict: bool = False) -> bool:
         """True when this worker's view of every running dataflow holds no message in flight
         at a time before ``epoch``, and every token before ``epoch`` belongs to an operator
         whose inputs' frontiers are all at or after ``epoch`` (it has received everything
-        before ``epoch``; e.g. a sink holding an unfinished bin of epochs).  Conservative
-        (timely's progress safety): a message another worker sent is seen in flight here
-        until its receiver has consumed it.  Checks the top-level scopes (a nested scope's
-        work appears there as its tokens and messages)."""
+        before ``epoch``; e.g. a sink holding an unfinished bin of epochs); ``strict``: no
+        token before ``epoch`` at all (such an operator may be about to act on the frontier
+        it has just reached on another worker: ``tokenflow.control`` waits a little for it).
+        Conservative (timely's progress safety): a message another worker sent is seen in
+        flight here until its receiver has consumed it.  Checks the top-level scopes (a
+        nested scope's work appears there as its tokens and messages)."""
         for subgraph in self._dataflows.values():
             tracker = subgraph.tracker
             for node, per_op in enumerate(tracker.per_operator):
@@ -613,6 +615,8 @@ class Worker:
                         return False
                 if node and any(t < epoch for info in per_op.sources
                                 for t in info.pointstamps.frontier()):
+                    if strict:
+                        return False
                     for port in range(len(per_op.targets)):
                         if any(t < epoch for t in tracker.frontier(Target(node, port))):
                             return False
