@@ -357,12 +357,13 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
                         controller.changes.append((base, table))
                     base += (stride[0] or 1) if spread else 1
                 token.downgrade(base)
-            elif not frontier:
+                if frontier:
+                    return  # the router activates this source when the data frontier moves
+            if not frontier:  # the data is done (and the steps above, if any, are sent)
                 held.pop().drop()
                 return
-            elif min(frontier) + lead > token.time:
+            if min(frontier) + lead > token.time:
                 token.downgrade(min(frontier) + lead)
-            # the router activates this source when the data frontier moves
 
         return logic
 
