@@ -14,15 +14,24 @@ tables give medians and a ratio is the median over the rounds of the per-round r
    same committed Parquet sink: *none* (``checkpoint=None``: plain ``execute``), *control*
    (``checkpoint=DIR`` but the checkpoint loop of ``CheckpointedJob`` replaced by a plain wait:
    the job runs under the control plane, its workers report to the coordinator and poll for
-   commands after every step, and no checkpoint is ever taken) and *checkpoint* (a checkpoint
-   every 1 s).  Reported: events/s and per-epoch latency p50/p99 (``QueryResult``), the worker
-   processes' CPU seconds (``getrusage(RUSAGE_CHILDREN)``), and per checkpoint its
-   ``SnapshotStats``: ``paused`` (from ``hold`` until every worker captured its state and the
-   job resumes), the protocol phases, bytes written and reused, ``total`` (until the manifest
-   is written).  Every run's output (collected rows and the committed dataset read back with
-   ``read_committed``) must equal the first run's.  Then the same on Spark ``local[2]`` (*none* and
-   *checkpoint*, fewer rounds).  Checkpoints that fail (``CheckpointedJob`` logs a warning
-   and goes on) are counted.
+   commands after every step, and no checkpoint is ever taken), *quiescent* (a checkpoint every
+   1 s by the quiescent protocol, ``CheckpointedJob(aligned=False)``: sources stop at the
+   checkpoint's epoch, the job drains, every worker waits for the verdict; the protocol before
+   aligned checkpoints) and *checkpoint* (every 1 s by the aligned protocol, the default:
+   records of the checkpoint's epoch and later wait at the operators' inputs until their worker
+   has captured, each worker captures and resumes on its own; ``tokenflow.control``).
+   Reported: events/s and per-epoch latency p50/p99 (``QueryResult``), the worker processes'
+   CPU seconds (``getrusage(RUSAGE_CHILDREN)``), where the slowest epochs lie (how many of each
+   run's ten slowest epochs are within 5 epochs after a checkpoint's epoch), and per checkpoint
+   its ``SnapshotStats``: ``paused`` (from ``hold`` until every worker captured its state), the
+   protocol phases (for the aligned protocol the workers' own: ``run up``, ``align``,
+   ``capture``, the longest of the workers), how long the sources stood still, the inputs
+   holding records back at the captures, bytes written and reused, ``total`` (until the
+   manifest is written), aligned attempts discarded as not a consistent cut.  Every run's
+   output (collected rows and the committed dataset read back with ``read_committed``) must
+   equal the first run's.  Then the same on Spark ``local[2]`` (*none*, *quiescent* and
+   *checkpoint*, fewer rounds).  Checkpoints that fail (``CheckpointedJob`` logs a warning and
+   goes on) are counted.
 
 2. **Recovery time** with about 100 MB of operator state.  A job (run by a separate *driver*
    process, this script with ``--child``, like ``benchmarks/kill_trials.py``) keeps a
@@ -86,6 +95,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
+import functools
 import json
 import logging
 import os
@@ -181,6 +191,9 @@ class CostRun:
     checkpoints: list[dict[str, Any]]
     failed: list[str] = field(default_factory=list)
     """Checkpoints that failed (``CheckpointedJob`` logs them and goes on)."""
+    slow_near: int = 0
+    """Of the run's ``SLOW`` slowest epochs, those within ``NEAR`` epochs after a checkpoint's
+    epoch (its own included)."""
 
 
 @dataclass
@@ -206,8 +219,8 @@ class CostRow:
         return [getattr(a, attr) - getattr(b, attr)
                 for a, b in zip(self.runs[variant], self.runs[base], strict=False)]
 
-    def stats(self) -> list[dict[str, Any]]:
-        return [s for r in self.runs.get("checkpoint", []) for s in r.checkpoints]
+    def stats(self, variant: str = "checkpoint") -> list[dict[str, Any]]:
+        return [s for r in self.runs.get(variant, []) for s in r.checkpoints]
 
 
 class FailedCheckpoints(logging.Handler):
@@ -239,6 +252,27 @@ def spark_launch(rounds: int = 3) -> list[float]:
     return out
 
 
+SLOW = 10
+"""The slowest epochs of a run looked at (about the p99 of its thousand or so)."""
+NEAR = 5
+"""Epochs after a checkpoint's epoch (its own included) counted as near it."""
+CHECKPOINTING = ("quiescent", "checkpoint")
+"""The variants that take checkpoints."""
+
+
+def slow_near_checkpoints(latencies: Sequence[float], epochs: Sequence[int],
+                          checkpoints: Iterable[int]) -> int:
+    """How many of the ``SLOW`` slowest epochs lie within ``NEAR`` epochs after a checkpoint's."""
+    index = {t: i for i, t in enumerate(epochs)}
+    near: set[int] = set()
+    for e in checkpoints:
+        i = index.get(e)
+        if i is not None:
+            near.update(range(i, i + NEAR))
+    slowest = sorted(range(len(latencies)), key=lambda i: -latencies[i])[:SLOW]
+    return sum(i in near for i in slowest)
+
+
 def _no_checkpoints(self: Any, attempt: Any) -> None:
     """``CheckpointedJob._checkpoint_loop`` for the *control* variant: wait for the job, never
     checkpoint."""
@@ -264,8 +298,12 @@ def measure_cost(queries: list[str], events: dict[str, int], rounds: int, runtim
         try:
             for r, variant in alternating(variants, rounds):
                 d = work / f"cost-{runtime}-{name}-{variant}-{r}"
-                patch = (mock.patch.object(CheckpointedJob, "_checkpoint_loop", _no_checkpoints)
-                         if variant == "control" else contextlib.nullcontext())
+                patch: Any = contextlib.nullcontext()
+                if variant == "control":
+                    patch = mock.patch.object(CheckpointedJob, "_checkpoint_loop", _no_checkpoints)
+                elif variant == "quiescent":
+                    patch = mock.patch.object(CheckpointedJob, "__init__", functools.partialmethod(
+                        CheckpointedJob.__init__, aligned=False))
                 cpu = children_cpu()
                 failures = FailedCheckpoints()
                 logging.getLogger("tokenflow.recovery").addHandler(failures)
@@ -287,12 +325,14 @@ def measure_cost(queries: list[str], events: dict[str, int], rounds: int, runtim
                     assert committed.equals(committed_ref), \
                         f"{name} {variant}: committed output differs from the first run's"
                     check = "identical to the reference"
-                if variant != "checkpoint" and result.checkpoints:
+                if variant not in CHECKPOINTING and result.checkpoints:
                     raise AssertionError(f"{name} {variant}: took {len(result.checkpoints)} checkpoints")
                 row.runs[variant].append(CostRun(
                     result.events_per_second, result.latency_p50_ms, result.latency_p99_ms,
                     result.seconds, cpu if runtime == "process" else None,
-                    [asdict(s) for s in result.checkpoints], failures.messages))
+                    [asdict(s) for s in result.checkpoints], failures.messages,
+                    slow_near_checkpoints(result.latencies_ms, result.epoch_times,
+                                          (s.epoch for s in result.checkpoints))))
                 print(f"  {runtime} {name} round {r + 1} {variant}: {result.events_per_second:,.0f} "
                       f"events/s, p99 {result.latency_p99_ms:.0f} ms, {len(result.checkpoints)} "
                       f"checkpoints, output {check}", flush=True)
@@ -1059,19 +1099,30 @@ def ms(x: float) -> str:
     return f"{1000 * x:.0f}"
 
 
+PHASES = ("hold", "pause", "drain", "run up", "align", "capture", "write", "commit")
+"""Per-checkpoint steps in the tables: ``hold`` (both protocols), ``pause`` and ``drain``
+(quiescent), ``run up`` and ``align`` (aligned: the workers' own, the longest of them),
+``capture`` (quiescent: from quiescence until every worker captured; aligned: the longest
+worker's export), ``write`` and ``commit``."""
+
+
 def phase_durations(stats: list[dict[str, Any]]) -> dict[str, list[float]]:
-    """Per checkpoint, seconds spent in each protocol step (differences of ``phases``)."""
-    names = [("hold", None, "held"), ("pause", "held", "paused"), ("drain", "paused", "idle"),
-             ("capture", "idle", "captured"), ("write", "captured", "written"),
-             ("commit", "written", None)]
-    out: dict[str, list[float]] = {n: [] for n, _, _ in names}
+    """Per checkpoint, seconds spent in each protocol step (``PHASES``: differences of
+    ``phases``, or the workers' ``worker_phases`` for the aligned protocol)."""
+    driver = [("hold", None, "held"), ("pause", "held", "paused"), ("drain", "paused", "idle"),
+              ("capture", "idle", "captured"), ("write", "captured", "written"),
+              ("commit", "written", None)]
+    out: dict[str, list[float]] = {n: [] for n in PHASES}
     for s in stats:
         p = s.get("phases", {})
-        for name, a, b in names:
+        for name, a, b in driver:
             start = 0.0 if a is None else p.get(a)
             end = s["total"] if b is None else p.get(b)
             if start is not None and end is not None:
                 out[name].append(end - start)
+        for name, seconds in (s.get("worker_phases") or {}).items():
+            if name in out:
+                out[name].append(seconds)
     return out
 
 
@@ -1122,29 +1173,37 @@ def cost_section(rows: list[CostRow]) -> tuple[list[str], list[str]]:
                     f"{ratio:.3f} | {spread(r.paired(v, 'events_per_second'))} | "
                     f"{r.med(v, 'p50_ms'):.0f} | {r.med(v, 'p99_ms'):.0f} | {median(deltas):+.0f} "
                     f"({spread(deltas, 0)}) | {cpu} | {n_ck:.0f} | {targets[0]} | {targets[1]} |")
-        lines += ["", "Per checkpoint (all checkpoint runs of the query; medians, max in brackets):",
-                  "", "| query | checkpoints | failed | paused ms | hold | pause at | drain | capture | "
-                  "write (async) | commit | total ms | sources stalled ms | MB written | KB reused | "
-                  "stalled share of job time |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += ["", "Per checkpoint (all runs of the variant; medians, max in brackets; ms; "
+                  "*discarded*: aligned attempts not a consistent cut, taken again by the quiescent "
+                  "protocol; *held*: inputs holding records of the checkpoint's epoch or later at the "
+                  "captures, both workers; *slow near*: of each run's "
+                  f"{SLOW} slowest epochs, those within {NEAR} epochs after a checkpoint's epoch, "
+                  "summed over the runs):",
+                  "", "| query | variant | checkpoints | failed | discarded | paused | hold | pause at | "
+                  "drain | run up | align | capture | write (async) | commit | total | sources "
+                  "stalled | stalled share of job time | held | MB written | slow near |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+                  "---:|---:|---:|"]
         for r in rs:
-            stats = r.stats()
-            if r.error is not None or not stats:
-                continue
-            ph = phase_durations(stats)
-            share = median(sum(s.get("stalled", s["paused"]) for s in x.checkpoints) / x.seconds
-                           for x in r.runs["checkpoint"])
-            stalled = [s.get("stalled", s["paused"]) for s in stats]
-            lines.append(
-                f"| {r.query} | {len(stats)} | {sum(len(x.failed) for x in r.runs['checkpoint'])} | "
-                f"{ms(median(s['paused'] for s in stats))} "
-                f"({ms(max(s['paused'] for s in stats))}) | "
-                + " | ".join(ms(median(ph[n])) if ph[n] else "" for n in
-                             ("hold", "pause", "drain", "capture", "write", "commit"))
-                + f" | {ms(median(s['total'] for s in stats))} | "
-                f"{ms(median(stalled))} ({ms(max(stalled))}) | "
-                f"{median(s['bytes_written'] for s in stats) / MB:.2f} | "
-                f"{median(s['bytes_reused'] for s in stats) / 1e3:.1f} | {share:.1%} |")
+            for v in (v for v in variants if v in CHECKPOINTING):
+                stats = r.stats(v)
+                if r.error is not None or not stats:
+                    continue
+                ph = phase_durations(stats)
+                share = median(sum(s.get("stalled", s["paused"]) for s in x.checkpoints) / x.seconds
+                               for x in r.runs[v])
+                stalled = [s.get("stalled", s["paused"]) for s in stats]
+                lines.append(
+                    f"| {r.query} | {v} | {len(stats)} | {sum(len(x.failed) for x in r.runs[v])} | "
+                    f"{sum(1 for s in stats if s.get('discarded'))} | "
+                    f"{ms(median(s['paused'] for s in stats))} "
+                    f"({ms(max(s['paused'] for s in stats))}) | "
+                    + " | ".join(ms(median(ph[n])) if ph[n] else "" for n in PHASES)
+                    + f" | {ms(median(s['total'] for s in stats))} | "
+                    f"{ms(median(stalled))} ({ms(max(stalled))}) | {share:.1%} | "
+                    f"{median(s.get('held', 0) for s in stats):.0f} | "
+                    f"{median(s['bytes_written'] for s in stats) / MB:.2f} | "
+                    f"{sum(x.slow_near for x in r.runs[v])} of {SLOW * len(r.runs[v])} |")
         lines.append("")
     return lines, misses
 
@@ -1324,8 +1383,11 @@ def report(args: argparse.Namespace, command: str, cost: list[CostRow], runs: li
                   f"Targets: events/s with checkpoints >= {THROUGHPUT_TARGET} x without, epoch "
                   f"latency p99 at most +{P99_TARGET_MS:g} ms.  *none*: no checkpoint directory "
                   "(plain `execute`); *control*: under the control plane (coordinator, per-step "
-                  "command polling) but never checkpointing; *checkpoint*: every 1 s.  Ratios and "
-                  "p99 differences are against *none*, per round.", ""]
+                  "command polling) but never checkpointing; *quiescent*: a checkpoint every 1 s "
+                  "by the quiescent protocol (`CheckpointedJob(aligned=False)`, the protocol "
+                  "before aligned checkpoints); *checkpoint*: every 1 s by the aligned protocol "
+                  "(the default; the targets apply to it).  Ratios and p99 differences are "
+                  "against *none*, per round.", ""]
         lines += cost_lines
         lines += cost_commentary(cost)
     if runs:
@@ -1402,15 +1464,23 @@ def cost_commentary(cost: list[CostRow]) -> list[str]:
         return []
     parts = []
     for r in measured:
-        ph = phase_durations(r.stats())
-        main = max(("hold", "pause", "drain", "capture"), key=lambda n: median(ph[n]) if ph[n] else 0)
-        main = "pause at" if main == "pause" else main
+        where = "" if r.runtime == "process" else " on Spark"
         per = r.epochs / max(1.0, median(len(x.checkpoints) for x in r.runs["checkpoint"]))
-        text = (f"{r.query}{'' if r.runtime == 'process' else ' on Spark'}: paused "
-                f"{ms(median(s['paused'] for s in r.stats()))} ms per checkpoint, mostly in "
-                f"*{main}*, sources stalled "
-                f"{ms(median(s.get('stalled', s['paused']) for s in r.stats()))} ms, one "
-                f"checkpoint per {per:.0f} epochs")
+        ph = phase_durations(r.stats())
+        text = (f"{r.query}{where}: aligned, sources stalled "
+                f"{ms(median(s.get('stalled', s['paused']) for s in r.stats()))} ms per checkpoint "
+                f"(align {ms(median(ph['align'])) if ph['align'] else '?'} ms, capture "
+                f"{ms(median(ph['capture'])) if ph['capture'] else '?'} ms), "
+                f"{sum(x.slow_near for x in r.runs['checkpoint'])} of "
+                f"{SLOW * len(r.runs['checkpoint'])} slowest epochs near a checkpoint")
+        if r.stats("quiescent"):
+            text += (f"; quiescent: stalled "
+                     f"{ms(median(s.get('stalled', s['paused']) for s in r.stats('quiescent')))} "
+                     f"ms, {sum(x.slow_near for x in r.runs['quiescent'])} of "
+                     f"{SLOW * len(r.runs['quiescent'])} slowest epochs near a checkpoint, "
+                     f"throughput {median(r.paired('quiescent', 'events_per_second')):.3f}, p99 "
+                     f"{median(r.delta('quiescent', 'p99_ms')):+.0f} ms")
+        text += f"; one checkpoint per {per:.0f} epochs"
         if r.runtime == "process":
             cpu = median(a.cpu_s / b.cpu_s for a, b in zip(r.runs["checkpoint"], r.runs["none"],
                                                              strict=False) if a.cpu_s and b.cpu_s)
@@ -1419,28 +1489,31 @@ def cost_commentary(cost: list[CostRow]) -> list[str]:
                 text += f", the control plane alone {median(r.paired('control', 'events_per_second')):.3f}"
         parts.append(text)
     rounds = [v for r in measured for v in r.paired("checkpoint", "events_per_second")]
-    failed = sum(len(x.failed) for r in measured for x in r.runs["checkpoint"])
-    return ["**Reading the tables.**  A checkpoint brings the sources to a common epoch (*hold*: "
-            "each worker names its safe point plus a margin of one epoch and its sources go on "
-            "up to it; *pause at*: sources finish the epochs before the common one and stop), "
-            "waits for quiescence (*drain*: the records in flight are processed; every worker "
-            "then waits for the verdict without stepping) and captures the state (*capture*: "
-            "the bins each state changed since the last committed checkpoint, or every bin of a "
-            "state that does not track its changes); each worker resumes its sources as soon as "
-            "it has captured, while the parts are written (*write*, asynchronous, on a thread of "
-            "each worker) and the driver commits the manifest (*commit*).  *paused* runs from "
-            "*hold* to the last capture; *sources stalled* is what a worker measured: from the "
-            "step after which all its sources stood still until they resumed (the longest of "
-            "the workers).  The epochs in flight when the workers wait for the verdict finish "
-            "no earlier than the capture, so a checkpoint adds up to its stall to their "
-            "latency; the p99 of about a thousand epochs with about ten checkpoints is such an "
-            "epoch as soon as each checkpoint delays more than one.  "
+    failed = sum(len(x.failed) for r in measured for v in CHECKPOINTING for x in r.runs.get(v, []))
+    discarded = sum(1 for r in measured for s in r.stats() if s.get("discarded"))
+    return ["**Reading the tables.**  Both protocols start alike (*hold*: each worker names its "
+            "safe point plus a margin of one epoch and its sources go on up to it while the "
+            "driver picks the common epoch).  *Quiescent*: sources finish the epochs before the "
+            "common one and stop (*pause at*), the job drains (*drain*; every worker then waits "
+            "for the verdict without stepping) and every worker captures (*capture*: the bins "
+            "changed since the last committed checkpoint) and resumes.  *Aligned*: sources finish "
+            "the epochs before the common one (*run up*) and the worker steps on until the job "
+            "has finished them (*align*; records of the epoch or later that other workers send "
+            "meanwhile wait at its operators' inputs: *held*), then it captures (*capture*) and "
+            "resumes at once, without a message from the driver or another worker.  The parts "
+            "are written asynchronously (*write*, a thread of each worker) and the driver commits "
+            "the manifest (*commit*).  *paused* runs from *hold* to the last capture (aligned: "
+            "the sources of a worker that captured run meanwhile); *sources stalled* is what a "
+            "worker measured: from the step after which all its sources stood still until they "
+            "resumed (the longest of the workers).  "
             + "; ".join(parts) + ".  "
             f"Single rounds' throughput ratios spread over {spread(rounds)} on this shared "
             "machine, so a median of this many rounds can land on either side of the 5 % target "
             "from one run to the next; the workers' CPU seconds, less disturbed by other jobs, "
             "show what checkpoints add to the work."
-            + (f"  {failed} checkpoint(s) failed during these runs." if failed else ""), ""]
+            + (f"  {failed} checkpoint(s) failed during these runs." if failed else "")
+            + (f"  {discarded} aligned checkpoint(s) were discarded as not a consistent cut and "
+               "taken again by the quiescent protocol." if discarded else ""), ""]
 
 
 def issues_lines(cost: list[CostRow], runs: list[RecoveryRun]) -> list[str]:
@@ -1841,14 +1914,14 @@ def main() -> None:
 
             run_query("q0", 20_000, workers=WORKERS, runtime="process")  # warm caches and imports
             cost += measure_cost(args.query, events, args.rounds, "process",
-                                 ["none", "control", "checkpoint"], work)
+                                 ["none", "control", "quiescent", "checkpoint"], work)
             phase("cost (process)")
         if "spark-cost" not in args.skip and args.spark_query and "spark" in args.runtimes:
             print(f"1. checkpoint cost, Spark local[2]: {', '.join(args.spark_query)}", flush=True)
             from tokenflow.spark.session import stop_session
 
             cost += measure_cost(args.spark_query, events, args.spark_rounds, "spark",
-                                 ["none", "checkpoint"], work)
+                                 ["none", "quiescent", "checkpoint"], work)
             extra["spark_launch"] = spark_launch()
             stop_session()
             phase("cost (Spark)")
