@@ -302,7 +302,9 @@ class ColumnarState(BinnedState):
             if bins is not None and self.home_bin not in set(bins):
                 return {}
             return {self.home_bin: table}
-        return split_by_bin(table, bins_of(np.concatenate(hashes), self.bins or 1), bins)
+        # one chunk per column: a take from many chunks (parts, windows) costs per chunk
+        return split_by_bin(table.combine_chunks(), bins_of(np.concatenate(hashes),
+                                                            self.bins or 1), bins)
 
     def load(self, parts: Mapping[int, pa.Table]) -> None:
         tables = [parts[b] for b in sorted(parts) if parts[b].num_rows]
@@ -310,6 +312,9 @@ class ColumnarState(BinnedState):
             return
         table = tables[0] if len(tables) == 1 else \
             pa.concat_tables(tables, promote_options="default")
+        # one chunk per column: a migration step loads hundreds of bins (one chunk each), and
+        # the filters, casts and takes below cost per chunk
+        table = table.combine_chunks()
         if PART not in table.column_names:
             self.add_rows(0, table)
             return
