@@ -20,9 +20,9 @@ two protocols.  Both leave every worker's state holding the effect of every reco
 *Aligned* (the default, ``take_snapshot(aligned=True)``): no source waits for the driver or
 for another worker's capture, only for the job to finish the records before ``e``.  ``hold``
 raises each worker's *barrier* (``tokenflow.worker.Traffic``) at its own point, ``checkpoint``
-moves it to ``e``: from then until the worker's capture, an operator input holds back the
-first message at a time ``>= e`` it would hand to its operator, and everything behind it
-(records of ``e`` and later wait at the input).  The sources emit everything before ``e`` and
+moves it to ``e``: from then until the worker's capture, an operator input sets aside every
+message at a time ``>= e`` instead of handing it to its operator (records of ``e`` and later
+wait at the input; the messages behind one still come).  The sources emit everything before ``e`` and
 stop there; the worker captures its state as soon as its sources hold at ``e``, it has
 nothing left to run, and its view of the dataflow holds no record in flight before ``e`` and
 no token before ``e`` but on operators that have received all their input before ``e``

@@ -69,10 +69,10 @@ class Traffic:
     An aligned snapshot at epoch ``e`` (``tokenflow.control``) also uses two gates here:
 
     * ``barrier``: ``e`` until this worker has captured its state, else None.  An operator
-      input then holds back the first message at a time at or after ``e`` (by its outermost
-      coordinate) instead of handing it to its operator, and every message behind it, until
-      ``lift()`` (``OperatorInput.next``); a held message is not counted in ``received``
-      until it is handed over.  ``held``: the inputs holding one.
+      input then sets aside every message at a time at or after ``e`` (by its outermost
+      coordinate) instead of handing it to its operator, until ``lift()``
+      (``OperatorInput.next``; the messages behind one still come); a held message is not
+      counted in ``received`` until it is handed over.  ``held``: the inputs holding one.
     * ``defer``: ``e`` from this worker's capture until every worker has captured, else None.
       A message pushed meanwhile at a time before ``e`` is counted in ``sent`` but kept in
       ``deferred`` instead of entering its channel, until ``release_deferred()``

@@ -247,3 +247,36 @@ def test_an_aligned_checkpoint_that_fails_is_taken_again_by_the_quiescent_protoc
     assert s.protocol == "quiescent" and len(s.discarded) == 1
     assert s.stuck == (how == "stuck")
     assert ("did not complete" if how == "stuck" else "not a consistent cut") in s.discarded[0]
+
+
+def test_an_input_sets_aside_records_at_the_barrier_and_hands_over_those_behind_them() -> None:
+    """A channel does not order times: a record before the barrier behind one at it must still
+    come (waiting for it behind the held one kept a q4 alignment from ever completing)."""
+    from collections import deque
+
+    from tokenflow.dataflow.operators.builder import OperatorCore, OperatorInput
+
+    class Puller:
+        def __init__(self, messages: list[Any]) -> None:
+            self.queue = deque(messages)
+
+        def pull(self) -> Any:
+            return self.queue.popleft() if self.queue else None
+
+    traffic = Traffic()
+    core = OperatorCore("Op", 1, (0, 1), 1, 0, True)
+    puller = Puller([(10, ["at"]), (9, ["before"]), (12, ["after"])])
+    inp = OperatorInput(core, 0, puller, traffic)
+    inp.frontier.update_iter([(0, 1)])
+    traffic.barrier = 10
+    got = [(ref.time, batch) for ref, batch in inp]
+    assert got == [(9, ["before"])] and traffic.received == 1 and traffic.held == [inp]
+    traffic.barrier = 12  # a later barrier: the record at 10 comes, the one at 12 still waits
+    traffic.lift()
+    traffic.barrier = 12
+    assert [(ref.time, batch) for ref, batch in inp] == [(10, ["at"])]
+    assert traffic.held == [inp]
+    for held in traffic.lift():
+        assert held is inp
+    assert [(ref.time, batch) for ref, batch in inp] == [(12, ["after"])]
+    assert traffic.received == 3

@@ -66,7 +66,7 @@ class OperatorInput:
     def __init__(self, op: OperatorCore, port: int, puller: Pull, traffic: Any = None) -> None:
         self._puller = puller
         self._traffic = traffic
-        self._held: Any = None  # a message held back at a checkpoint barrier (``Traffic``)
+        self._held: list[Any] = []  # messages set aside at a checkpoint barrier (``Traffic``)
         self.consumed: ChangeBatch[Any] = ChangeBatch()
         self.frontier = MutableAntichain()
         self._internals = op.internal
@@ -76,24 +76,32 @@ class OperatorInput:
         self.port = port
 
     def next(self) -> tuple[CapabilityRef, Any] | None:
-        """The next received message, or None when none is waiting (or while a checkpoint
-        barrier holds this input's next message back: ``Traffic.barrier``)."""
-        message = self._held
+        """The next received message, or None when none is waiting.  While a checkpoint
+        barrier is up (``Traffic.barrier``) a message at or after it is set aside instead (the
+        messages behind it still come: a channel does not order times), and handed over once
+        the barrier is down."""
         traffic = self._traffic
-        if message is not None:
-            if traffic.holds(message[0]):
-                if self not in traffic.held:  # held since an earlier barrier
+        message = None
+        held = self._held
+        if held:
+            for i, m in enumerate(held):
+                if not traffic.holds(m[0]):
+                    message = held.pop(i)
+                    break
+            else:
+                if self not in traffic.held:  # set aside under an earlier barrier
                     traffic.held.append(self)
-                return None
-            self._held = None
-        else:
-            message = self._puller.pull()
-            if message is None:
-                return None
-            if traffic is not None and traffic.barrier is not None and traffic.holds(message[0]):
-                self._held = message  # it and everything behind it wait for the capture
-                traffic.held.append(self)
-                return None
+        if message is None:
+            while True:
+                message = self._puller.pull()
+                if message is None:
+                    return None
+                if traffic is None or traffic.barrier is None or not traffic.holds(message[0]):
+                    break
+                if not held:
+                    held = self._held = []
+                    traffic.held.append(self)
+                held.append(message)  # waits for this worker's capture
         time, batch = message
         if not self.frontier.less_equal(time):
             raise ProgressSafetyError(
