@@ -393,9 +393,9 @@ def child(args: argparse.Namespace) -> None:
 
 STEPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     # (step, substrings of a frame), tried on each frame from the innermost outwards
-    ("parked (waiting)", ("TcpMesh.park", "Condition.wait")),
-    ("socket", ("sendmsg", "_recv_into", "recv_exactly", "read_header")),
-    ("sealing (AES-GCM)", ("FrameSealer.seal", "FrameOpener.open", "_allocate")),
+    ("parked (waiting)", ("TcpMesh.park", "EpollSelector.select", "Condition.wait")),
+    ("socket", ("sendmsg", "read_frame", "_recv_into", "recv_exactly", "read_header")),
+    ("sealing (AES-GCM)", ("FrameSealer.seal", "FrameOpener.open", "allocate")),
     ("serialization", ("encode_payload", "decode_message", "pickle")),
     ("routing / exchange", ("routing.py", "ExchangePusher")),
     ("user logic", ("wordcount.py", "collections/__init__.py")),
@@ -419,8 +419,9 @@ def step_of(frames: list[str]) -> str:
 
 
 def breakdown(raw: Path) -> dict[str, Counter[str]]:
-    """Samples per step and thread kind (worker main thread, receiver threads) of the worker
-    processes, during the timed loop only (not generating words or converting output)."""
+    """Samples per step and thread kind (worker main thread; receiver threads, in trees from
+    before the worker thread read its sockets itself) of the worker processes, during the
+    timed loop only (not generating words or converting output)."""
     out: dict[str, Counter[str]] = {"main": Counter(), "receivers": Counter()}
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")

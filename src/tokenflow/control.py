@@ -338,7 +338,18 @@ class ControlAgent:
             message = self._handle(worker, message)
 
     def _await(self, worker: Any) -> dict[str, Any]:
-        message = self.link.poll(self.wait)
+        """The driver's next command.  Meanwhile the worker's mesh keeps moving (``pump``: what
+        peers send is read and queued, what this worker queued goes out), since a peer may
+        need this worker to read before it can finish its step and reply in turn."""
+        pump = getattr(worker.allocator, "pump", None)
+        if pump is None:
+            message = self.link.poll(self.wait)
+        else:
+            deadline = time.monotonic() + self.wait
+            message = self.link.poll(0.0)
+            while message is None and time.monotonic() < deadline:
+                pump(0.001)
+                message = self.link.poll(0.001)
         if message is None:
             raise ControlError(f"worker {worker.index}: no command from the driver for {self.wait} s "
                                "while paused")

@@ -239,7 +239,11 @@ def test_relay_tampering_fails_the_connection_naming_the_peer(
     meshes, relay, case = relayed
     caplog.set_level(logging.ERROR, logger="tokenflow.comm.tcp")
     receiver, _ = send_four(meshes)
-    wait_for(lambda: meshes[0].failure is not None, 10, "worker 0 to refuse a frame")
+    def refused() -> bool:
+        meshes[0].poll(0.05)  # the worker thread reads (and refuses) what arrived
+        return meshes[0].failure is not None
+
+    wait_for(refused, 10, "worker 0 to refuse a frame")
     error = meshes[0].failure
     assert isinstance(error, FrameRefusedError), error
     assert error.worker == 1

@@ -196,7 +196,7 @@ def encode_payload(message: Any) -> Payload:
             views = [memoryview(part).cast("B") for part in parts]
             prefix = _TIME_LEN.size + len(time_bytes)
             n = prefix + sum(view.nbytes for view in views)
-            frame = _allocate(HEADER_SIZE + n + TAG_SIZE)
+            frame = allocate(HEADER_SIZE + n + TAG_SIZE)
             start = HEADER_SIZE
             _TIME_LEN.pack_into(frame, start, len(time_bytes))
             frame[start + _TIME_LEN.size : start + prefix] = time_bytes
@@ -266,7 +266,7 @@ def recv_exactly(sock: socket.socket, n: int, deadline: float | None = None) -> 
     return buf
 
 
-def _allocate(n: int) -> memoryview:
+def allocate(n: int) -> memoryview:
     """A writable buffer of ``n`` bytes: Arrow's memory pool for large ones (no zero-filling,
     pages reused across frames), a ``bytearray`` for small ones."""
     if n >= _POOL_THRESHOLD:
@@ -293,6 +293,18 @@ def _recv_into(sock: socket.socket, view: memoryview, deadline: float | None) ->
         got += k
 
 
+def parse_header(header: bytes) -> tuple[int, int, int, int]:
+    """``(kind, flags, channel, length)`` of a ``HEADER_SIZE``-byte header.
+
+    Raises:
+        FrameError: bad magic.
+    """
+    magic, kind, flags, channel, length = HEADER.unpack(header)
+    if magic != MAGIC:
+        raise FrameError(f"bad frame magic {magic!r}")
+    return kind, flags, channel, length
+
+
 def read_header(sock: socket.socket, deadline: float | None = None) -> tuple[int, int, int, int, bytes]:
     """Read and check one header: ``(kind, flags, channel, length, header bytes)``.
 
@@ -300,10 +312,7 @@ def read_header(sock: socket.socket, deadline: float | None = None) -> tuple[int
         FrameError: bad magic.  EOFError, TimeoutError: as ``recv_exactly``.
     """
     header = bytes(recv_exactly(sock, HEADER_SIZE, deadline))
-    magic, kind, flags, channel, length = HEADER.unpack(header)
-    if magic != MAGIC:
-        raise FrameError(f"bad frame magic {magic!r}")
-    return kind, flags, channel, length, header
+    return (*parse_header(header), header)
 
 
 def read_frame(sock: socket.socket, max_payload: int,
@@ -383,7 +392,7 @@ class FrameSealer(_Direction):
                              f"({MAX_SEALED_PAYLOAD} bytes)")
         frame = payload.frame
         if frame is None:
-            frame = _allocate(HEADER_SIZE + n + TAG_SIZE)
+            frame = allocate(HEADER_SIZE + n + TAG_SIZE)
         header = HEADER.pack(MAGIC, payload.kind, FLAG_SEALED, channel, n + TAG_SIZE)
         frame[:HEADER_SIZE] = header
         self._aead.encrypt_into(self._nonce(), payload.data, header, frame[HEADER_SIZE:])
@@ -402,7 +411,7 @@ class FrameOpener(_Direction):
         key: the direction's 32-byte key.
         rekey_bytes: as for ``FrameSealer`` (both sides must agree).
 
-    Not thread-safe (one receiver thread per connection).
+    Not thread-safe (one reader per connection).
     """
 
     def __init__(self, key: bytes, rekey_bytes: int = REKEY_BYTES) -> None:
@@ -428,26 +437,38 @@ class FrameOpener(_Direction):
         self._advance(n)
         return view[:n]
 
-    def read(self, sock: socket.socket, max_payload: int,
-             deadline: float | None = None) -> tuple[int, int, memoryview]:
-        """Read the next frame and open it: ``(kind, channel, payload)``.
-
-        The declared length is checked before the body is read, and the payload is returned
-        only after its tag verified.
+    def expect(self, header: bytes, max_payload: int) -> tuple[int, int, int]:
+        """Check the next frame's ``HEADER_SIZE``-byte header before its body is read:
+        ``(kind, channel, length of the body, tag included)``.
 
         Raises:
             FrameError: bad magic, a frame that is not sealed, or a payload over
-                ``max_payload`` bytes (nothing more is read).
-            FrameIntegrityError: the tag check failed.
-            EOFError, TimeoutError: as ``recv_exactly``.
+                ``max_payload`` bytes.
         """
-        kind, flags, channel, length, header = read_header(sock, deadline)
+        kind, flags, channel, length = parse_header(header)
         if flags != FLAG_SEALED or length < TAG_SIZE:
             raise FrameError(f"frame #{self.seq} of kind {kind} is not sealed (flags {flags:#x}, "
                              f"{length} bytes): every frame after the handshake must be")
         if length - TAG_SIZE > max_payload:
             raise FrameError(f"frame of {length - TAG_SIZE} bytes exceeds the limit of "
                              f"{max_payload} bytes", reason="oversized frame")
-        body = _allocate(length)
+        return kind, channel, length
+
+    def read(self, sock: socket.socket, max_payload: int,
+             deadline: float | None = None) -> tuple[int, int, memoryview]:
+        """Read the next frame from a blocking socket and open it: ``(kind, channel,
+        payload)``.
+
+        The declared length is checked before the body is read (``expect``), and the payload
+        is returned only after its tag verified.
+
+        Raises:
+            FrameError: as ``expect`` (nothing more is read).
+            FrameIntegrityError: the tag check failed.
+            EOFError, TimeoutError: as ``recv_exactly``.
+        """
+        header = bytes(recv_exactly(sock, HEADER_SIZE, deadline))
+        kind, channel, length = self.expect(header, max_payload)
+        body = allocate(length)
         _recv_into(sock, body, deadline)
         return kind, channel, self.open(header, body)

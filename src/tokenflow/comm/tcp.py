@@ -4,10 +4,18 @@ Source: docs/ARCHITECTURE.md ("Execution model", "Data plane", "Security"), docs
 timely's ``communication/allocator/zero_copy``.  Worker ``i`` connects to every ``j < i`` and
 accepts from every ``j > i``; each connection first passes the handshake of
 ``tokenflow.comm.auth``, which gives it two fresh keys, and every later frame is sealed with
-them (AES-256-GCM with a per-direction sequence number, ``tokenflow.comm.frames``).  One
-receiver thread per peer reads frames (length checked before the body is read, tag verified
-before anything is decoded), decodes them and appends them to the channel's FIFO; the worker
-thread seals and sends its buffered messages on ``flush()`` in one ``sendmsg`` per peer.
+them (AES-256-GCM with a per-direction sequence number, ``tokenflow.comm.frames``).
+
+The worker thread does all the reading and sending itself, on non-blocking sockets: each
+``receive()`` reads what has arrived on every connection (length checked before a body is
+read, tag verified before anything is decoded) and appends the decoded messages to their
+channels' FIFOs; ``park(timeout)`` waits in ``epoll`` for the first byte from any peer, so a
+message wakes the worker in one hop (no receiver thread to wake first, no GIL to hand over);
+``flush()`` seals its buffered messages and sends them in one ``sendmsg`` per peer; what a
+full socket does not take waits in the connection's queue and goes out as the peer reads
+(``poll`` and ``park`` watch for room), so a send never blocks the worker: two workers
+sending to each other at once, or one waiting for the control plane while a peer sends to
+it, cannot block each other.
 
 The listener keeps running for the whole job so that stray connections are refused while the
 job goes on, within limits: one deadline for a whole handshake (``handshake_timeout``), at
@@ -25,11 +33,13 @@ from __future__ import annotations
 
 import errno
 import logging
+import selectors
 import socket
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Sequence
+from itertools import islice
 from typing import Any
 
 from tokenflow.comm.auth import (
@@ -48,7 +58,9 @@ from tokenflow.comm.frames import (
     MAX_SEALED_PAYLOAD,
     TAG_SIZE,
     FrameError,
+    FrameOpener,
     _describe,
+    allocate,
     decode_message,
     encode_payload,
 )
@@ -67,6 +79,7 @@ LOG_INTERVAL = 10.0
 """Seconds over which refused connections and accept failures are counted into one line."""
 
 _ACCEPT_POLL = 0.5  # seconds: how often the accept loop looks at its log and at close()
+_FRAMES_PER_READ = 256  # frames read from one connection per pass (the rest on the next)
 _LISTENER_GONE = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK}
 
 
@@ -215,8 +228,6 @@ class TcpMesh:
         self.sessions: dict[int, Session] = {}
         self.queues: dict[int, deque[Any]] = {}
         self.events: deque[int] = deque()
-        self.condition = threading.Condition()
-        self.parked = False
         self.failure: BaseException | None = None
         self.goodbyes: set[int] = set()
         self.refused = 0
@@ -235,6 +246,9 @@ class TcpMesh:
         self._claims: dict[socket.socket, int] = {}  # claimed, not yet registered
         self._pending_changed = threading.Condition()
         self._threads: list[threading.Thread] = []
+        self._selector = selectors.DefaultSelector()
+        self._peers: dict[int, _Peer] = {}  # open connections
+        self._reading = threading.RLock()  # one reader at a time (the worker thread)
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -465,15 +479,16 @@ class TcpMesh:
         _close(sock)
 
     def _register(self, j: int, sock: socket.socket, session: Session) -> None:
+        sock.setblocking(False)
+        conn = _Peer(j, sock, session.opener)
         with self._registered:
             self.sockets[j] = sock
             self.sessions[j] = session
             self._send_locks[j] = threading.Lock()
+            self._peers[j] = conn
+            # (epoll: a worker parked in select sees a connection registered meanwhile)
+            self._selector.register(sock, selectors.EVENT_READ, conn)
             self._registered.notify_all()
-        thread = threading.Thread(target=self._receive_loop, args=(j, sock, session), daemon=True,
-                                  name=f"tokenflow-recv-{self.index}-from-{j}")
-        thread.start()
-        self._threads.append(thread)
 
     # -- data path -------------------------------------------------------------------------
 
@@ -488,43 +503,71 @@ class TcpMesh:
         self.queue(channel).append(message)
         self.events.append(channel)
 
-    def _wake(self) -> None:
-        if self.parked:
-            with self.condition:
-                self.condition.notify()
+    def poll(self, timeout: float = 0.0) -> None:
+        """Read every frame that has arrived, waiting up to ``timeout`` s for the first byte
+        when none has; a failure is kept for ``check()``."""
+        with self._reading:
+            if self.closing:
+                return
+            try:
+                ready = self._selector.select(timeout)
+            except (OSError, ValueError):  # closed by another thread meanwhile
+                return
+            for key, mask in ready:
+                if mask & selectors.EVENT_READ:
+                    self._read(key.data)
+                if mask & selectors.EVENT_WRITE and key.data.peer in self._peers:
+                    try:
+                        self._write(key.data)
+                    except PeerLostError as exc:
+                        self._forget(key.data.peer)
+                        self._fail(exc)
 
-    def _receive_loop(self, j: int, sock: socket.socket, session: Session) -> None:
-        max_frame = self.max_frame
-        opener = session.opener
-        overhead = HEADER_SIZE + TAG_SIZE
+    def _read(self, conn: _Peer) -> None:
+        """Read and deliver the frames ``conn``'s socket has, up to ``_FRAMES_PER_READ``
+        (the caller holds ``_reading``)."""
+        j, sock = conn.peer, conn.sock
         try:
-            while True:
-                kind, channel, payload = opener.read(sock, max_frame)
-                self.bytes_received += payload.nbytes + overhead
+            for _ in range(_FRAMES_PER_READ):
+                frame = conn.read_frame(self.max_frame)
+                if frame is None:
+                    return
+                kind, channel, payload = frame
+                self.bytes_received += payload.nbytes + HEADER_SIZE + TAG_SIZE
                 if kind == KIND_PICKLE or kind == KIND_ARROW:
                     self.queue(channel).append(decode_message(kind, payload))
                     self.events.append(channel)
-                    self._wake()
                 elif kind == KIND_GOODBYE:
                     self.goodbyes.add(j)
-                    self._wake()
                 else:
                     raise FrameError(f"unexpected frame kind {kind}")
         except EOFError as exc:
+            self._forget(j)
             if j not in self.goodbyes and not self.closing:
                 self._fail(PeerLostError(j, self._addr(j), f"connection closed ({exc})"))
         except FrameError as exc:
             where = self._addr(j)
             log.error("worker %d: refused a frame from worker %d%s, closing the connection: %s",
                       self.index, j, f" at {where[0]}:{where[1]}" if where else "", exc)
+            self._forget(j)
             self._fail(FrameRefusedError(j, where, str(exc)))
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
         except OSError as exc:
+            self._forget(j)
             if not self.closing:
                 self._fail(PeerLostError(j, self._addr(j), str(exc)))
+
+    def _forget(self, j: int) -> None:
+        """Stop reading from peer ``j`` (its connection ended or was refused)."""
+        conn = self._peers.pop(j, None)
+        if conn is not None:
+            try:
+                self._selector.unregister(conn.sock)
+            except (KeyError, ValueError, OSError):
+                pass
 
     def _addr(self, j: int) -> Address | None:
         return self.addresses[j] if j < len(self.addresses) else None
@@ -532,8 +575,6 @@ class TcpMesh:
     def _fail(self, error: BaseException) -> None:
         if self.failure is None:
             self.failure = error
-        with self.condition:
-            self.condition.notify_all()
 
     def send_messages(self, j: int, messages: list[tuple[int, Any]]) -> None:
         """Serialize, seal and send ``(channel, message)`` pairs to peer ``j``, in order.
@@ -565,39 +606,66 @@ class TcpMesh:
             self._sendmsg(j, [self.sessions[j].sealer.seal_control(kind)])
 
     def _sendmsg(self, j: int, buffers: list[Any]) -> None:
-        """``sendmsg`` in chunks, resuming partial writes (the caller holds the send lock)."""
-        sock = self.sockets[j]
+        """Queue ``buffers`` for peer ``j`` and send what its socket takes now; the rest goes
+        out from ``poll`` as room appears (the caller holds the send lock).
+
+        Raises:
+            PeerLostError: the connection is gone.
+        """
+        peer = self._peers.get(j)
+        if peer is None:
+            raise PeerLostError(j, self._addr(j), "send failed: the connection is closed")
+        views = [memoryview(b).cast("B") for b in buffers]
+        self.bytes_sent += sum(v.nbytes for v in views)
+        peer.outgoing.extend(views)
+        with self._reading:
+            self._write(peer)
+
+    def _write(self, peer: _Peer) -> None:
+        """``sendmsg`` of ``peer``'s queued bytes, in chunks, until the socket is full (then
+        ``poll`` waits for room) or the queue is empty (the caller holds ``_reading``).
+
+        Raises:
+            PeerLostError: the connection is gone.
+        """
+        queue, sock = peer.outgoing, peer.sock
         try:
-            views = [memoryview(b).cast("B") for b in buffers]
-            self.bytes_sent += sum(v.nbytes for v in views)
-            while views:
-                chunk = views[:512]
-                sent = sock.sendmsg(chunk)
-                # drop fully sent buffers, trim a partially sent one
-                k = 0
-                while k < len(chunk) and sent >= chunk[k].nbytes:
-                    sent -= chunk[k].nbytes
-                    k += 1
-                views = views[k:]
-                if sent:
-                    views[0] = views[0][sent:]
+            while queue:
+                chunk = list(islice(queue, 512))
+                try:
+                    sent = sock.sendmsg(chunk)
+                except BlockingIOError:
+                    break
+                for view in chunk:  # drop fully sent buffers, trim a partially sent one
+                    if sent < view.nbytes:
+                        if sent:
+                            queue[0] = view[sent:]
+                        break
+                    sent -= view.nbytes
+                    queue.popleft()
         except OSError as exc:
-            raise PeerLostError(j, self._addr(j), f"send failed: {exc}") from exc
+            raise PeerLostError(peer.peer, self._addr(peer.peer), f"send failed: {exc}") from exc
+        if bool(queue) != peer.waiting_for_room and peer.peer in self._peers:
+            peer.waiting_for_room = bool(queue)
+            events = selectors.EVENT_READ | (selectors.EVENT_WRITE if queue else 0)
+            self._selector.modify(sock, events, peer)
+
+    @property
+    def unsent(self) -> int:
+        """Bytes queued for the peers that their sockets have not taken yet."""
+        return sum(v.nbytes for peer in list(self._peers.values()) for v in peer.outgoing)
 
     def check(self) -> None:
-        """Raise the first failure seen by a receiver thread."""
+        """Raise the first failure seen reading from the peers."""
         if self.failure is not None:
             raise self.failure
 
     def park(self, timeout: float) -> None:
-        with self.condition:
-            self.parked = True  # set before looking, so a concurrent delivery wakes us
-            try:
-                if self.events or self.failure is not None:
-                    return
-                self.condition.wait(timeout)
-            finally:
-                self.parked = False
+        """Wait up to ``timeout`` s for a message (returns at once when one is waiting or a
+        failure is known), reading what arrives."""
+        if self.events or self.failure is not None:
+            return
+        self.poll(timeout)
 
     # -- shutdown --------------------------------------------------------------------------
 
@@ -609,10 +677,9 @@ class TcpMesh:
             except OSError:
                 pass
         deadline = time.monotonic() + timeout
-        while len(self.goodbyes) < len(self.sockets) and self.failure is None:
-            if time.monotonic() > deadline:
-                break
-            self.park(0.05)
+        while ((len(self.goodbyes) < len(self.sockets) or self.unsent)
+               and self.failure is None and time.monotonic() < deadline):
+            self.poll(0.05)  # (not park: undelivered messages must not stop the reading)
         self.close()
 
     def close(self) -> None:
@@ -622,6 +689,8 @@ class TcpMesh:
             return
         self.closing = True
         self._closed.set()
+        with self._reading:
+            self._selector.close()
         for sock in list(self.sockets.values()):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -642,6 +711,55 @@ class TcpMesh:
             pass
         _close(self.listener)
         self.refusals.flush(force=True)
+
+
+class _Peer:
+    """One peer's connection (non-blocking): the frame being read and how much of it has
+    arrived; the sealed bytes waiting for room in the socket."""
+
+    __slots__ = ("peer", "sock", "opener", "header", "body", "got", "kind", "channel",
+                 "outgoing", "waiting_for_room")
+
+    def __init__(self, peer: int, sock: socket.socket, opener: FrameOpener) -> None:
+        self.peer = peer
+        self.sock = sock
+        self.opener = opener
+        self.header = memoryview(bytearray(HEADER_SIZE))
+        self.body: memoryview | None = None  # None: reading a header
+        self.got = 0
+        self.kind = self.channel = 0
+        self.outgoing: deque[memoryview] = deque()  # sealed bytes the socket has not taken
+        self.waiting_for_room = False  # registered for EVENT_WRITE
+
+    def read_frame(self, max_payload: int) -> tuple[int, int, memoryview] | None:
+        """The next frame, opened (``FrameOpener.read``'s checks, in the same order), or None
+        when the socket has no more bytes now (what arrived is kept for the next call).
+
+        Raises:
+            EOFError: the peer closed the connection.  FrameError: as ``FrameOpener.read``.
+            OSError: the connection failed.
+        """
+        sock = self.sock
+        while True:
+            target = self.header if self.body is None else self.body
+            try:
+                n = sock.recv_into(target[self.got:])
+            except BlockingIOError:
+                return None
+            if n == 0:
+                raise EOFError(f"connection closed after {self.got} of {target.nbytes} bytes "
+                               f"of a frame's {'header' if self.body is None else 'body'}")
+            self.got += n
+            if self.got < target.nbytes:
+                continue
+            self.got = 0
+            if self.body is None:
+                self.kind, self.channel, length = self.opener.expect(bytes(self.header),
+                                                                     max_payload)
+                self.body = allocate(length)
+            else:
+                body, self.body = self.body, None
+                return self.kind, self.channel, self.opener.open(bytes(self.header), body)
 
 
 class TcpPusher:
@@ -700,11 +818,13 @@ class TcpAllocator:
         return pushers, QueuePuller(self.mesh.queue(identifier))
 
     def receive(self) -> set[int]:
-        """Channels with new messages.
+        """Channels with new messages (reads what the peers sent first).
 
         Raises:
             PeerLostError: when a peer's connection was lost.
+            FrameRefusedError: a peer's frame failed its checks.
         """
+        self.mesh.poll()
         self.mesh.check()
         events = self.mesh.events
         out: set[int] = set()
@@ -721,6 +841,13 @@ class TcpAllocator:
 
     def park(self, timeout: float) -> None:
         self.mesh.park(timeout)
+
+    def pump(self, timeout: float) -> None:
+        """Read what the peers sent (queued for the next ``receive``) and send what waits for
+        room, waiting up to ``timeout`` s for either: for a worker waiting outside its step
+        loop (for the driver's verdict), whose peers may wait for it to read before they can
+        go on."""
+        self.mesh.poll(timeout)
 
     def goodbye(self, j: int) -> None:
         """Send what is buffered for worker ``j``, then the mesh's goodbye: nothing more goes
