@@ -26,6 +26,10 @@ Faults (picked round-robin, the moment at random):
   (files moved in, directory not yet renamed into place).
 * ``snapshot.commit``: the driver SIGKILLs itself before writing a checkpoint's manifest; a new
   driver resumes.
+* ``checkpoint.align`` / ``checkpoint.resumed``: a worker SIGKILLs itself in an aligned
+  checkpoint (``tokenflow.control``) while aligning (its barrier up, records of the epoch and
+  later waiting at its inputs) / right after its capture (sources resumed, its part not yet
+  written, other workers possibly still aligning).
 
 Corruption trials (``--corruptions``): a job is stopped at a checkpoint (graceful stop), its
 latest checkpoint is damaged (truncate or flip bytes of a blob file, delete a worker index or
@@ -59,7 +63,11 @@ import pyarrow as pa
 
 RESULTS = Path(__file__).resolve().parent / "results"
 WORKLOADS = ("wordcount", "q4", "q5", "q8")
-FAULTS = ("worker", "driver", "snapshot.part", "parquet.commit", "snapshot.commit")
+FAULTS = ("worker", "driver", "snapshot.part", "parquet.commit", "snapshot.commit", "checkpoint.align",
+          "checkpoint.resumed")
+CRASH_POINTS = ("snapshot.part", "parquet.commit", "snapshot.commit", "checkpoint.align",
+                "checkpoint.resumed")
+"""Faults injected by a crash point (``tokenflow.faults``) rather than a SIGKILL from outside."""
 CORRUPTIONS = ("truncate", "flip", "index", "manifest")
 WORDCOUNT = "benchmarks.kill_trials.wordcount"
 EVENTS = {"q4": 1_500_000, "q5": 3_000_000, "q8": 3_000_000}
@@ -211,7 +219,7 @@ def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], ref
     spec["events"] = EVENTS.get(workload, base["events"])
     env: dict[str, str] = {}
     trigger = work / "trigger"
-    if fault in ("snapshot.part", "parquet.commit", "snapshot.commit"):
+    if fault in CRASH_POINTS:
         trigger.touch()
         env["TOKENFLOW_CRASH"] = f"{fault}={trigger}"
     began = time.monotonic()
@@ -246,7 +254,7 @@ def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], ref
         fault_at = time.monotonic() - began  # the driver died at the crash point: resume
         driver = launch({**spec, "resume": True})
         code = driver.wait(timeout=900)
-    if fault in ("snapshot.part", "parquet.commit", "snapshot.commit"):
+    if fault in CRASH_POINTS:
         if trigger.exists():
             detail = "the crash point was not reached"
         elif fault_at is None:
