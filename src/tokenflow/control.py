@@ -46,16 +46,19 @@ at ``e``, the job drains, and every worker waits without stepping until every wo
 
 Commands (driver -> workers) and replies (workers -> driver):
 
-``hold`` ``margin``
+``hold`` ``margin``, ``barrier``
     every source of the worker pauses at its *safe point* (the least epoch boundary after
     everything it has emitted) plus ``margin`` epochs of its own length (default 0: at once;
-    with a margin the sources go on while the driver gathers the replies); reply ``held``
-    with ``point`` (the greatest such epoch of the worker's sources, or None without sources)
-    and ``granularity`` (the least common multiple of its sources' epoch lengths: the common
-    pause epoch must be a boundary of all).
+    with a margin the sources go on while the driver gathers the replies); with ``barrier``
+    (aligned) the worker's barrier goes up at its point (without a source: below every
+    time); reply ``held`` with ``point`` (the greatest such epoch of the worker's sources, or
+    None without sources), ``granularity`` (the least common multiple of its sources' epoch
+    lengths: the common pause epoch must be a boundary of all) and ``align`` (false with
+    migrating operators: the driver then takes the snapshot by the quiescent protocol, whose
+    ``pause_at`` lowers the barrier).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
-    sources emit everything before ``epoch`` and nothing at or after it; the barrier goes up
-    at ``epoch``; the worker steps on and, once aligned (above), captures its part as
+    sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
+    to ``epoch``; the worker steps on and, once aligned (above), captures its part as
     ``snapshot`` below does and replies ``captured`` with its ``sent`` and ``received``
     counters at the capture, ``settled``, ``bins_exported`` and ``phases`` (seconds: ``run up``
     from the command until its sources held at ``epoch``, ``align`` from then until aligned,
