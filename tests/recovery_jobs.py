@@ -69,3 +69,11 @@ def committed_rows(path: str | Path) -> list[tuple[Any, ...]]:
     """Every committed row as ``(epoch, word, count)``, sorted: per-epoch multisets."""
     data = read_committed(str(path))
     return sorted(zip(*(data.column(c).to_pylist() for c in ("time", "word", "count")), strict=True))
+
+
+def wait_for(condition: Any, timeout: float = 60.0) -> None:
+    """Poll ``condition()`` every 10 ms until it holds; fail the test after ``timeout`` s."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.01)

@@ -15,7 +15,7 @@ from typing import Any
 
 import cloudpickle
 import pytest
-from recovery_jobs import NAME, committed_rows, wordcount, words_table
+from recovery_jobs import NAME, committed_rows, wait_for, wordcount
 
 from tokenflow import execute
 from tokenflow.control import take_snapshot
@@ -28,25 +28,6 @@ from tokenflow.state.snapshot import committed_epochs
 from tokenflow.worker import Traffic
 
 cloudpickle.register_pickle_by_value(sys.modules[__name__])
-
-
-@pytest.fixture(scope="module")
-def table():
-    return words_table()
-
-
-@pytest.fixture(scope="module")
-def expected(table, tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole")
-    execute(wordcount(table, str(out)), workers=2, name=NAME)
-    return committed_rows(out)
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_the_barrier_holds_later_records_and_the_defer_keeps_earlier_ones() -> None:

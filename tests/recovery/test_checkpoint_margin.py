@@ -5,34 +5,13 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from recovery_jobs import NAME, committed_rows, wordcount, words_table
+from recovery_jobs import NAME, committed_rows, wait_for, wordcount
 
-from tokenflow import execute
 from tokenflow.recovery import CheckpointedJob
 from tokenflow.state.snapshot import committed_epochs
-
-
-@pytest.fixture(scope="module")
-def table():
-    return words_table()
-
-
-@pytest.fixture(scope="module")
-def expected(table, tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole")
-    execute(wordcount(table, str(out)), workers=2, name=NAME)
-    return committed_rows(out)
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 @pytest.mark.parametrize("margin", [0, 3])

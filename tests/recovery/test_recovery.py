@@ -5,29 +5,14 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 from pathlib import Path
 
 import pytest
-from recovery_jobs import NAME, committed_rows, wordcount, words_table
+from recovery_jobs import NAME, committed_rows, wait_for, wordcount
 
 from tokenflow import execute
 from tokenflow.recovery import CheckpointedJob
 from tokenflow.state.snapshot import committed_epochs, snapshot_dir
-
-
-@pytest.fixture(scope="module")
-def table():
-    return words_table()
-
-
-@pytest.fixture(scope="module")
-def expected(table, tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole")
-    execute(wordcount(table, str(out)), workers=2, name=NAME)
-    rows = committed_rows(out)
-    assert len(rows) == table.num_rows
-    return rows
 
 
 def test_a_worker_that_raises_is_recovered_on_threads(tmp_path: Path, table, expected) -> None:
@@ -41,13 +26,6 @@ def test_a_worker_that_raises_is_recovered_on_threads(tmp_path: Path, table, exp
     assert job.failures == 1
     assert [e.kind for e in job.events].count("restart") == 1
     assert committed_rows(tmp_path / "out") == expected
-
-
-def wait_for(condition, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.01)
 
 
 def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expected) -> None:
