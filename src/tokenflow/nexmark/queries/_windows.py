@@ -254,14 +254,13 @@ class ColumnarState(BinnedState):
         """Forget every row."""
         raise NotImplementedError
 
-    def take_rows(self, member: np.ndarray) -> list[Taken] | None:
+    def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the rows whose key's bin ``b`` has ``member[b]`` (a bool array of length
         ``bins or 1``) and return them per part (in ``PARTS`` order): exactly the rows, columns
         and row order ``rows()`` gives those bins, so that ``take`` returns what ``export``
         did.  Worker-local rows go all or none: by ``member[home_bin]``.  The rows kept must
-        export as before, row for row.  None (the default): not implemented, ``take`` falls
-        back to an export of the whole state and a reload of what stays."""
-        return None
+        export as before, row for row."""
+        raise NotImplementedError
 
     def in_bins(self, hashes: np.ndarray, member: np.ndarray) -> np.ndarray:
         """Mask (bool per row) of the key ``hashes`` (uint64) whose bin is a member."""
@@ -340,16 +339,7 @@ class ColumnarState(BinnedState):
         member[wanted[(wanted >= 0) & (wanted < len(member))]] = True
         if not member.any():
             return {}
-        taken = self.take_rows(member)
-        if taken is None:  # a subclass without take_rows: the whole state, out and back in
-            gone = set(np.flatnonzero(member).tolist())
-            everything = self.export()
-            out = {b: t for b, t in everything.items() if b in gone}
-            if out:
-                self.clear()
-                self.load({b: t for b, t in everything.items() if b not in gone})
-            return out
-        return self._split(taken, None)
+        return self._split(self.take_rows(member), None)
 
 
 class WindowMaxState(ColumnarState):

@@ -31,6 +31,7 @@ initial token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -126,27 +127,26 @@ class WindowState(ColumnarState):
         ``COMPACT_AFTER`` batches added to a window are merged into one (a copy of their rows):
         a window's persons stay in a few hundred batches, not one per 1 ms message, so a
         take or a close handles few batches."""
-        held = self.persons.setdefault(end, [])
-        held.append(rows)
-        n = self._loose.get((0, end), 0) + 1
-        if n < COMPACT_AFTER:
-            self._loose[(0, end)] = n
-            return
-        self._loose[(0, end)] = 0
-        held[-n:] = pa.Table.from_batches(held[-n:], schema=PERSON_SCHEMA) \
-            .combine_chunks().to_batches()
+        self._hold(self.persons.setdefault(end, []), (0, end), rows, lambda loose: pa.Table
+                   .from_batches(loose, schema=PERSON_SCHEMA).combine_chunks().to_batches())
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
         ``COMPACT_AFTER`` arrays added to a window are merged into one."""
-        held = self.sellers.setdefault(end, [])
-        held.append(sellers)
-        n = self._loose.get((1, end), 0) + 1
+        self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
+                   lambda loose: [np.concatenate(loose)])
+
+    def _hold(self, held: list[Any], key: tuple[int, int], item: Any,
+              merge: Callable[[list[Any]], list[Any]]) -> None:
+        """Append ``item`` to ``held``; the ``COMPACT_AFTER``-th item appended since the last
+        merge (counted in ``_loose[key]``) replaces those items by ``merge(items)``."""
+        held.append(item)
+        n = self._loose.get(key, 0) + 1
         if n < COMPACT_AFTER:
-            self._loose[(1, end)] = n
+            self._loose[key] = n
             return
-        self._loose[(1, end)] = 0
-        held[-n:] = [np.concatenate(held[-n:])]
+        self._loose[key] = 0
+        held[-n:] = merge(held[-n:])
 
     def close(self, end: int) -> pa.RecordBatch:
         """Forget the window ending at ``end``; its output rows (``SCHEMA``, distinct by
