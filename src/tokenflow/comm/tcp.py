@@ -248,7 +248,7 @@ class TcpMesh:
         self._threads: list[threading.Thread] = []
         self._selector = selectors.DefaultSelector()
         self._peers: dict[int, _Peer] = {}  # open connections
-        self._reading = threading.RLock()  # one reader at a time (the worker thread)
+        self._io = threading.RLock()  # one thread reads or writes the sockets at a time
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -506,14 +506,10 @@ class TcpMesh:
     def poll(self, timeout: float = 0.0) -> None:
         """Read every frame that has arrived, waiting up to ``timeout`` s for the first byte
         when none has; a failure is kept for ``check()``."""
-        with self._reading:
+        with self._io:
             if self.closing:
                 return
-            try:
-                ready = self._selector.select(timeout)
-            except (OSError, ValueError):  # closed by another thread meanwhile
-                return
-            for key, mask in ready:
+            for key, mask in self._selector.select(timeout):  # (close() takes _io to close it)
                 if mask & selectors.EVENT_READ:
                     self._read(key.data)
                 if mask & selectors.EVENT_WRITE and key.data.peer in self._peers:
@@ -525,7 +521,7 @@ class TcpMesh:
 
     def _read(self, conn: _Peer) -> None:
         """Read and deliver the frames ``conn``'s socket has, up to ``_FRAMES_PER_READ``
-        (the caller holds ``_reading``)."""
+        (the caller holds ``_io``)."""
         j, sock = conn.peer, conn.sock
         try:
             for _ in range(_FRAMES_PER_READ):
@@ -618,12 +614,12 @@ class TcpMesh:
         views = [memoryview(b).cast("B") for b in buffers]
         self.bytes_sent += sum(v.nbytes for v in views)
         peer.outgoing.extend(views)
-        with self._reading:
+        with self._io:
             self._write(peer)
 
     def _write(self, peer: _Peer) -> None:
         """``sendmsg`` of ``peer``'s queued bytes, in chunks, until the socket is full (then
-        ``poll`` waits for room) or the queue is empty (the caller holds ``_reading``).
+        ``poll`` waits for room) or the queue is empty (the caller holds ``_io``).
 
         Raises:
             PeerLostError: the connection is gone.
@@ -689,7 +685,7 @@ class TcpMesh:
             return
         self.closing = True
         self._closed.set()
-        with self._reading:
+        with self._io:
             self._selector.close()
         for sock in list(self.sockets.values()):
             try:
