@@ -257,6 +257,30 @@ class InputHandle:
         if len(self._buffer) >= BATCH_SIZE:
             self.flush()
 
+    def send_at(self, time: Any, record: Any) -> None:
+        """Send ``record`` as the *timed record* ``(time, record)``, buffered with the other
+        records into a message at the current epoch (``tokenflow.dataflow.operators.timed``).
+
+        ``time`` may be any time at or after the current epoch, so one message (and one
+        progress update when the handle advances) carries records of many times: the message's
+        epoch is ≤ every record's time, as differential dataflow sends update batches under a
+        capability ≤ their updates' times.  The frontier downstream still says which record
+        times are complete: a record at ``time`` travels in a message at or before ``time``, so
+        none can arrive once the frontier has passed it.  Consumers read ``(time, record)``
+        pairs (the timestamp-tokens paper §5: an operator that coordinates at its own
+        granularity, not one message per timestamp).
+
+        Raises:
+            CapabilityError: ``time`` is earlier than the current epoch (``advance_to``), or the
+                handle cannot send (see ``send``).
+        """
+        at = self._user_time
+        if not (time >= at if type(time) is int and type(at) is int else less_equal(at, time)):
+            raise CapabilityError(
+                f"input {self.name!r}: a timed record at {time!r} is earlier than the current "
+                f"epoch {at!r}")
+        self.send((time, record))
+
     def send_batch(self, batch: Any) -> None:
         """Send a whole batch (``list`` or ``RecordBatch``) at the current epoch."""
         self._ensure_replayed()
