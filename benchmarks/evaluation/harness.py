@@ -229,10 +229,12 @@ class Result:
         return out
 
 
-def latency_sink(stream: Stream, hist: Histogram, abort: Abort, name: str = "Latency") -> Stream:
-    """Record, for every output tuple, the clock now minus its offer time (its last field);
-    anything else (watermark records) is ignored.  Sets ``abort`` at the first latency over
-    1 s.  Forwards nothing; probe its output."""
+def latency_sink(stream: Stream, hist: Histogram, abort: Abort, name: str = "Latency",
+                 timed: bool = False) -> Stream:
+    """Record, for every output tuple, the clock now minus its offer time (its last field;
+    with ``timed``, the last field of the record of each ``(time, record)`` pair); anything
+    else (watermark records) is ignored.  Sets ``abort`` at the first latency over 1 s.
+    Forwards nothing; probe its output."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         capability.drop()
@@ -242,6 +244,11 @@ def latency_sink(stream: Stream, hist: Histogram, abort: Abort, name: str = "Lat
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for _ref, batch in input:
                 now = clock()
+                if timed:
+                    for r in batch:
+                        if type(r) is tuple:
+                            record(now, r[1][-1])
+                    continue
                 for r in batch:
                     if type(r) is tuple:
                         record(now, r[-1])
@@ -284,12 +291,17 @@ def agree_start(worker: Any, margin_ms: int = 20) -> int:
 
 def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abort: Abort,
           make: Callable[[int, int, int], Any] = word_record,
-          per_time: Callable[[int, int], None] | None = None) -> WorkerReport:
+          per_time: Callable[[int, int], None] | None = None,
+          timed: bool = False) -> WorkerReport:
     """Offer records open-loop on this worker and step it (see the module notes).
 
     ``make(i, worker_index, offer_ns)`` builds record ``i``; ``per_time(now, frontier)``, when
     given, is called after every step with the clock and the probe's least frontier time (or
-    -1 when the output ended).
+    -1 when the output ended).  With ``timed`` each record goes out as the timed record
+    ``(time, record)`` (``InputHandle.send_at``) at the input's current epoch instead of
+    advancing the input to each record's time first: the records and their times, and the
+    moments the input advances to close a quantum, are the same; one message carries the
+    records of many times.
     """
     report = WorkerReport(worker.index)
     clock = time.monotonic_ns
@@ -307,6 +319,7 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
     sent = 0
     me = worker.index
     send = handle.send
+    send_at = handle.send_at
     step = worker.step_or_park
     period = min(q, load.period_ns)
     next_offer = t0
@@ -321,10 +334,13 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
                                    now - (next_offer - next_offer % period + period))
         while next_offer < closed:
             ts = next_offer - next_offer % q
-            if ts > cur:
-                handle.advance_to(ts)
-                cur = ts
-            send(make(sent, me, next_offer))
+            if timed:
+                send_at(ts, make(sent, me, next_offer))
+            else:
+                if ts > cur:
+                    handle.advance_to(ts)
+                    cur = ts
+                send(make(sent, me, next_offer))
             last_ts = ts
             sent += 1
             next_offer = t0 + int(sent * interval)
@@ -377,9 +393,11 @@ def merge(params: dict[str, Any], reports: Sequence[WorkerReport]) -> Result:
 
 
 def run_wordcount(build: Callable[[Stream, Abort], Stream], load: Load, workers: int = 1,
-                  runtime: str = "thread", params: dict[str, Any] | None = None) -> Result:
+                  runtime: str = "thread", params: dict[str, Any] | None = None,
+                  timed: bool = False) -> Result:
     """Run ``build`` (input stream of ``(word, offer_ns)`` -> output tuples whose last field is
-    the offer time) open-loop under ``load`` and measure per-record latency."""
+    the offer time; with ``timed``, ``(time, record)`` pairs of both, see ``drive``) open-loop
+    under ``load`` and measure per-record latency."""
 
     def job(worker: Any) -> WorkerReport:
         hist = Histogram()
@@ -387,16 +405,16 @@ def run_wordcount(build: Callable[[Stream, Abort], Stream], load: Load, workers:
 
         def dataflow(scope: Any) -> Any:
             handle, stream = scope.new_input()
-            probe = latency_sink(build(stream, abort), hist, abort).probe()
+            probe = latency_sink(build(stream, abort), hist, abort, timed=timed).probe()
             return handle, probe
 
         handle, probe = worker.dataflow(dataflow)
-        return drive(worker, handle, probe, load, hist, abort)
+        return drive(worker, handle, probe, load, hist, abort, timed=timed)
 
     budget = load.duration + load.drain_limit + 60
     reports = execute(job, workers=workers, runtime=runtime, timeout=budget)
     return merge(dict(params or {}, rate=load.rate, quantum=load.quantum_ns, workers=workers,
-                      runtime=runtime), reports)
+                      runtime=runtime, timed=timed), reports)
 
 
 def confirmed(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.notificator import FrontierNotificator
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary, unary, unary_notify
+from tokenflow.dataflow.operators.timed import TimedBuffer, least_time, timed_key
 from tokenflow.dataflow.operators.watermark import (
     MAX_WATERMARK,
     Watermark,
@@ -283,6 +284,175 @@ def _watermark_count(data: Stream, gate: Stream | None, abort: Abort, name: str,
 
 MECHANISMS: dict[str, Callable[[Stream, Abort], Stream]] = {
     "tokens": tokens, "notifications": notifications, "watermarks": watermarks,
+}
+
+
+# -- the rolling count on timed records (``tokenflow.dataflow.operators.timed``) ---------------
+#
+# The input sends ``(time, (word, offer_ns))`` pairs under one epoch per harness turn
+# (``InputHandle.send_at``) instead of one message and one input advance per timestamp; the
+# records' times, the moments the input advances and the output (``(time, (word, count,
+# offer_ns))`` pairs) are the same for the three mechanisms.  What still differs is only how
+# the count learns that a time is complete and what it holds meanwhile.
+
+
+timed_word = timed_key(word)
+
+
+def _count(counts: dict[str, int], t: int, records: list[Any], out: list[Any]) -> None:
+    """Apply time ``t``'s records to ``counts``, appending ``(t, (word, count, offered))``."""
+    for w, offered in records:
+        c = counts.get(w, 0) + 1
+        counts[w] = c
+        out.append((t, (w, c, offered)))
+
+
+def timed_tokens(stream: Stream, abort: Abort, name: str = "CountTokensTimed") -> Stream:
+    """The rolling count on timed records, one token at its least buffered time: every
+    complete time's output goes out as one timed message under it."""
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        capability.drop()
+        buf = TimedBuffer()
+        counts: dict[str, int] = {}
+        holder: list[Capability | None] = [None]
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            if abort:
+                _abandon_timed(input, buf, holder)
+                return
+            for ref, batch in input:
+                buf.add(batch)
+                held = holder[0]
+                if held is None:
+                    holder[0] = ref.retain()
+                elif ref.time < held.time:
+                    held.drop()
+                    holder[0] = ref.retain()
+            held = holder[0]
+            if held is None:
+                return
+            out: list[Any] = []
+            for t in buf.pop_before(least_time([input.frontier])):
+                _count(counts, t, buf.take(t), out)
+            if abort:
+                return
+            if out:
+                output.give_batch(held, out)
+            least = buf.least()
+            if least is None:
+                held.drop()
+                holder[0] = None
+            elif least > held.time:
+                held.downgrade(least)
+
+        return logic
+
+    return unary(stream, Exchange(key=timed_word), name, constructor, notify=True)
+
+
+def _abandon_timed(input: OperatorInput, buf: TimedBuffer, holder: list[Capability | None]) -> None:
+    for _ref, _batch in input:
+        pass
+    buf.clear()
+    if holder[0] is not None:
+        holder[0].drop()
+        holder[0] = None
+
+
+def timed_notifications(stream: Stream, abort: Abort, name: str = "CountNotifyTimed") -> Stream:
+    """The rolling count on timed records with a notification (a token, ``ref.delayed(t)``)
+    per distinct buffered time, each delivered and sent separately."""
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        capability.drop()
+        buf = TimedBuffer()
+        counts: dict[str, int] = {}
+        box: list[FrontierNotificator | None] = [None]
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            notificator = box[0]
+            if notificator is None:
+                notificator = box[0] = FrontierNotificator([input.frontier])
+            if abort:
+                _abandon_timed(input, buf, [None])
+                _abandon_notificator(notificator)
+                return
+            for ref, batch in input:
+                for t in buf.add(batch):
+                    notificator.notify_at(ref.delayed(t))
+            while True:
+                cap = notificator.next()
+                if cap is None:
+                    return
+                if abort:
+                    cap.drop()
+                    return
+                t = cap.time
+                buf.pop_before(t + 1)
+                out: list[Any] = []
+                _count(counts, t, buf.take(t), out)
+                output.give_batch(cap, out)
+                cap.drop()
+
+        return logic
+
+    return unary(stream, Exchange(key=timed_word), name, constructor, notify=True)
+
+
+def timed_watermarks(stream: Stream, abort: Abort, name: str = "CountWatermarksTimed") -> Stream:
+    """The rolling count on timed records closed by in-band watermarks (``assign_watermarks``
+    upstream, a ``WatermarkPact`` by word): the records below the watermark go out as one timed
+    message under its token."""
+    data = assign_watermarks(stream)
+
+    def constructor(capability: Capability, info: OperatorInfo) -> Any:
+        worker = info.worker_index
+        buf = TimedBuffer()
+        counts: dict[str, int] = {}
+        tracker = WatermarkTracker(info.peers, capability.time, name)
+        holder: list[Capability | None] = [capability]
+
+        def logic(input: OperatorInput, output: OperatorOutput) -> None:
+            if abort:
+                _abandon_timed(input, buf, holder)
+                return
+            advanced = False
+            for _ref, batch in input:
+                if has_watermark(batch):
+                    if tracker.observe([r for r in batch if type(r) is Watermark]):
+                        advanced = True
+                    buf.add([r for r in batch if type(r) is not Watermark])
+                else:
+                    buf.add(batch)
+            cap = holder[0]
+            if not advanced or cap is None:
+                return
+            wm = tracker.current
+            if wm <= cap.time:
+                return
+            out: list[Any] = []
+            for t in buf.pop_before(wm):
+                _count(counts, t, buf.take(t), out)
+            if abort:
+                return
+            if out:
+                output.give_batch(cap, out)
+            if wm == MAX_WATERMARK:
+                output.give_batch(cap, [Watermark(wm, worker)])
+                cap.drop()
+                holder[0] = None
+                return
+            cap.downgrade(wm)
+            output.give_batch(cap, [Watermark(wm, worker)])
+
+        return logic
+
+    return unary(data, WatermarkPact(key=timed_word), name, constructor)
+
+
+TIMED_MECHANISMS: dict[str, Callable[[Stream, Abort], Stream]] = {
+    "tokens": timed_tokens, "notifications": timed_notifications, "watermarks": timed_watermarks,
 }
 
 

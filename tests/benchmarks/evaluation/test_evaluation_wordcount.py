@@ -22,7 +22,12 @@ if ROOT not in sys.path:  # the benchmarks are run from the repository root
     sys.path.insert(0, ROOT)
 
 from benchmarks.evaluation.harness import Abort, Histogram  # noqa: E402
-from benchmarks.evaluation.wordcount import CHAIN_MECHANISMS, MECHANISMS, gated  # noqa: E402
+from benchmarks.evaluation.wordcount import (  # noqa: E402
+    CHAIN_MECHANISMS,
+    MECHANISMS,
+    TIMED_MECHANISMS,
+    gated,
+)
 from tokenflow import execute  # noqa: E402
 
 pytestmark = pytest.mark.timeout(60)
@@ -74,6 +79,38 @@ def run(build: Any, workers: int) -> Counter[tuple[int, str, int, int]]:
     return out
 
 
+def run_timed(build: Any, workers: int, epoch_every: int = 9) -> Counter[tuple[int, str, int, int]]:
+    """The records as timed records (``send_at``): the input advances only every
+    ``epoch_every`` time units, so one message holds several times, out of order."""
+
+    def job(worker: Any) -> list[tuple[int, tuple[str, int, int]]]:
+        got: list[tuple[int, Any]] = []
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            build(stream, Abort()).inspect_batch(
+                lambda t, batch: got.extend(r for r in batch if type(r) is tuple))
+            return handle
+
+        handle = worker.dataflow(dataflow)
+        times = sorted({t for t, _, _ in RECORDS})
+        for start in range(0, times[-1] + 1, epoch_every):
+            handle.advance_to(start)
+            for i, (tt, w, off) in reversed(list(enumerate(RECORDS))):
+                if start <= tt < start + epoch_every and i % worker.peers == worker.index:
+                    handle.send_at(tt, (w, off))
+            worker.step()
+        handle.close()
+        worker.step_until_done()
+        return got
+
+    out: Counter[tuple[int, str, int, int]] = Counter()
+    for got in execute(job, workers=workers):
+        for t, (w, c, off) in got:
+            out[(t, w, c, off)] += 1
+    return out
+
+
 def by_time_word(c: Counter[tuple[int, str, int, int]]) -> dict[tuple[int, str], Any]:
     groups: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
     for (t, w, count, off), n in c.items():
@@ -90,6 +127,8 @@ def test_mechanisms_agree(workers: int) -> None:
         assert by_time_word(run(build, workers)) == want, name
     for name in CHAIN_MECHANISMS:
         assert by_time_word(run(gated(name, 3), workers)) == want, f"gated {name}"
+    for name, build in TIMED_MECHANISMS.items():
+        assert by_time_word(run_timed(build, workers)) == want, f"timed {name}"
 
 
 def test_histogram() -> None:
