@@ -134,11 +134,12 @@ def test_checkpoints_names_a_corrupt_file(tmp_path: Path, monkeypatch: pytest.Mo
 # -- the driver dies: resume ---------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("workers", [2, 3])
 def test_driver_killed_then_resumed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                    expected: list[tuple[Any, ...]], workers: int) -> None:
-    """SIGKILL of the ``tokenflow run --checkpoint`` driver after two checkpoints; ``tokenflow
-    resume`` (at 2 or 3 workers) finishes the job from the latest one."""
+                                    expected: list[tuple[Any, ...]]) -> None:
+    """SIGKILL of the ``tokenflow run --checkpoint`` driver (2 workers) after two checkpoints;
+    ``tokenflow resume --workers 3`` finishes the job from the latest one.  (Resuming at the
+    same worker count: ``test_stop_file_stops_a_checkpointed_run_and_resume_finishes``.)"""
+    workers = 3
     path, out = job_file(tmp_path, pace=0.03)
     ckpt = tmp_path / "ckpt"
     with open(tmp_path / "driver.log", "wb") as log:

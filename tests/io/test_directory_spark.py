@@ -1,13 +1,12 @@
 """The directory source on Spark: files dropped into a directory while a 2-worker job runs on
-the Spark runtime are each processed exactly once, and the output is committed per epoch; on
-the suite's session (``local[4]``) and on a literal ``local[2]`` master (2 task slots for 2
-workers), in a subprocess since a JVM holds one SparkContext."""
+the Spark runtime are each processed exactly once, and the output is committed per epoch, on
+the suite's session (``local[4]``).  The same job on a literal ``local[2]`` master (2 task slots
+for 2 workers) runs in ``tests/spark/test_differential.py``'s child process, which has a JVM of
+its own for that master."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -85,18 +84,3 @@ def run_directory_job(tmp_path: Path, **options: Any) -> None:
 def test_files_dropped_while_a_spark_job_runs_are_committed_once(tmp_path: Path,
                                                                  request: pytest.FixtureRequest) -> None:
     run_directory_job(tmp_path, spark=request.getfixturevalue("spark"))
-
-
-@pytest.mark.spark
-def test_files_dropped_while_a_job_runs_on_spark_local_2_are_committed_once(tmp_path: Path) -> None:
-    """The same on ``master="local[2]"``: exactly as many task slots as workers (the barrier
-    stage needs them all), in a fresh interpreter with its own JVM."""
-    pytest.importorskip("pyspark")
-    script = ("import sys; from pathlib import Path; sys.path.insert(0, sys.argv[1]); "
-              "import test_directory_spark as t; "
-              "t.run_directory_job(Path(sys.argv[2]), master='local[2]')")
-    began = time.monotonic()
-    done = subprocess.run([sys.executable, "-c", script, str(Path(__file__).parent), str(tmp_path)],
-                          capture_output=True, text=True, timeout=180)
-    assert done.returncode == 0, f"exit status {done.returncode}:\n{done.stderr[-4000:]}"
-    assert time.monotonic() - began < 120  # typically ~25 s, most of it the JVM's start

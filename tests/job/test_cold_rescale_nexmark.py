@@ -105,7 +105,7 @@ def _expected(name: str) -> Counter[Any]:
     return _EXPECTED[name]
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(["q3", "q4", "q5", "q7", "q8"]), before=st.integers(1, 4),
        after=st.integers(1, 4), pause=st.integers(0, 31))
 def test_snapshot_at_any_epoch_and_any_worker_counts(tmp_path_factory: pytest.TempPathFactory,

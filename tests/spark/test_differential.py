@@ -272,8 +272,10 @@ def test_identical_per_epoch_output_on_every_runtime(example: str, runtime: str,
 
 LOCAL2_SCRIPT = """
 import pickle, sys
-sys.path[:0] = [{tests!r}, {examples!r}]
+from pathlib import Path
+sys.path[:0] = [{tests!r}, {io_tests!r}, {examples!r}]
 import test_differential as d
+import test_directory_spark
 from tokenflow import execute
 from tokenflow.spark import session
 spark = session.get_session("local[2]")
@@ -281,6 +283,7 @@ assert spark.sparkContext.master == "local[2]", spark.sparkContext.master
 out = execute(d.all_examples, workers=2, runtime="spark", spark=spark)
 with open({path!r}, "wb") as f:
     pickle.dump(out, f)
+test_directory_spark.run_directory_job(Path({directory!r}), master="local[2]")  # asserts itself
 spark.stop()
 """
 
@@ -288,16 +291,21 @@ spark.stop()
 @pytest.mark.spark
 def test_spark_local2_matches_thread(request: pytest.FixtureRequest, tmp_path: Any) -> None:
     """The 2-worker job on a ``local[2]`` master (exactly two task slots) gives the thread
-    runtime's output, per example and per worker.  The test session's own SparkSession is
-    ``local[4]`` and a process holds one, so this runs in a child process."""
+    runtime's output, per example and per worker; and on the same master, files dropped into
+    a directory while a job reads it are committed once (``test_directory_spark``'s check).
+    The test session's own SparkSession is ``local[4]`` and a process holds one, so this runs
+    in a child process (one JVM for both jobs: a JVM's start is most of such a test's time)."""
     import pickle
     import subprocess
     from pathlib import Path
 
     here = Path(__file__).resolve().parent
     path = tmp_path / "outputs.pickle"
-    script = LOCAL2_SCRIPT.format(tests=str(here), examples=str(here.parents[1] / "examples"),
-                                  path=str(path))
+    directory = tmp_path / "directory"
+    directory.mkdir()
+    script = LOCAL2_SCRIPT.format(tests=str(here), io_tests=str(here.parent / "io"),
+                                  examples=str(here.parents[1] / "examples"), path=str(path),
+                                  directory=str(directory))
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
