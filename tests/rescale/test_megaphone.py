@@ -64,6 +64,7 @@ def job(schedule: dict[int, RoutingTable], strategy: str, pace: float = 0.0) -> 
         inp.close()
         worker.step_until_done()
         return {"out": capture.by_time(), "moved": list(handle.moved),
+                "loads": list(handle.shared.loads),
                 "keys": sorted(handle.state.data),
                 "issued": list(handle.controller.issued)}
 
@@ -102,6 +103,29 @@ def test_moves_keep_the_output_and_move_only_changed_bins(strategy: str) -> None
             owners = final.owners[key_bins(r["keys"], BINS)]
             assert set(owners.tolist()) == {w}
     assert not results[0]["keys"] and not results[2]["keys"]  # workers 0 and 2 own no bin
+
+
+def test_steps_sent_and_loaded_in_one_bin_slices_keep_the_output(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no time budget (one slice per activation) and slices allowed down to one bin, an
+    all-at-once step leaves its old owner over several activations and is loaded over several
+    on the new one; records at the step's time wait for the last slice on both ends."""
+    import tokenflow.rescale.megaphone as mp
+
+    monkeypatch.setattr(mp, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(mp, "MAX_SLICES", 10_000)
+    ts = tables()
+    results = execute(job({8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}, "all-at-once"),
+                      workers=WORKERS, runtime="thread")
+    assert outputs(results) == oracle()
+    steps = [s for r in results for s in r["moved"]]
+    assert sum(s.bins for s in steps) == sum(len(m) for a, b in zip(ts, ts[1:], strict=False)
+                                             for m in plan(a, b, "all-at-once"))
+    assert max(s.slices for s in steps) > 1  # a step went out over several activations
+    assert all(s.longest <= s.taking and s.due <= s.sent for s in steps if s.slices)
+    loads = [s for r in results for s in r["loads"]]
+    assert loads and max(s.slices for s in loads) > 1
+    assert all(s.arrived <= s.loaded for s in loads)
 
 
 def test_plan_moves_only_changed_bins_and_batched_rounds_are_matchings() -> None:

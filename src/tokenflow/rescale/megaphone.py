@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import bisect
 import collections
+import time as _time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -61,6 +62,7 @@ from tokenflow.dataflow.operators.stateful import PendingRecords, fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
 from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled
 from tokenflow.faults import crash_point
+from tokenflow.progress.antichain import Antichain
 from tokenflow.state.bins import RoutingTable
 
 if TYPE_CHECKING:
@@ -70,6 +72,14 @@ if TYPE_CHECKING:
 STRATEGIES = ("all-at-once", "fluid", "batched")
 BATCH_SHARE = 4
 """The ``batched`` strategy's batches hold up to ``bins // BATCH_SHARE`` bins (``batch_size``)."""
+SLICE_SECONDS = 0.003
+"""Wall-time budget of one activation's migration work on one worker: the old owner takes and
+sends a step's bins in slices until it is spent (then yields to the worker loop, holding the
+step's tokens), the new owner loads arriving parts in slices the same way (``LoadQueue``)."""
+MAX_SLICES = 16
+"""A step's bins go out in at most this many slices (a slice holds at least ``1/MAX_SLICES``
+of them): a state whose every ``take`` pays a pass over all its rows (a columnar state hashes
+and filters its keys) would otherwise pay that pass once per bin."""
 ROUTING_META = "migrating"
 """Key of a checkpoint part's metadata holding each migrating operator's routing table at the
 checkpoint's epoch: ``{operator key: RoutingTable.to_json()}`` (``Controller.table_at``)."""
@@ -148,13 +158,15 @@ class MovedState:
     """The state of the bins one step moves to one worker, as F sends it: ``parts()`` gives
     ``{bin: pa.Table}`` back.
 
-    The bins' tables are concatenated into one table (when their schemas agree) and pickled as
-    one Arrow IPC stream.  A bin's table is usually a slice of the operator's whole state
+    The bins' tables are concatenated into one single-chunk table (when their schemas agree)
+    and pickled as one Arrow IPC stream of one record batch.  With one chunk per bin, IPC wrote
+    one message per bin and ``parts()`` sliced across hundreds of chunks (a q8 step of 1,365
+    bins: 17 ms of unpickling and slicing, 4 ms now; 2.6 MB pickled, 2.0 MB now); the rows
+    are copied once instead.  A bin's table is usually a slice of the operator's whole state
     (``split_by_bin``), and pickling a sliced ``pa.Table`` writes its parent's buffers whole
     (pyarrow): sending 1,365 of 4,096 bins as a ``{bin: slice}`` dict pickled every byte of
     the state 1,365 times (gigabytes for a 1 MB NEXMark q5 state, seconds of sealing and
-    sending).  An IPC stream writes only the rows of the slices.  In one process (the thread
-    runtime) nothing is copied.
+    sending).  An IPC stream writes only the rows of the slices.
     """
 
     __slots__ = ("bins", "lengths", "table", "loose")
@@ -166,8 +178,8 @@ class MovedState:
         self.loose: dict[int, pa.Table] = {}
         if not self.bins:
             return
-        try:
-            self.table = pa.concat_tables([parts[b] for b in self.bins])
+        try:  # one chunk: IPC writes one record batch, and parts() slices in O(1) per bin
+            self.table = pa.concat_tables([parts[b] for b in self.bins]).combine_chunks()
         except (pa.ArrowInvalid, pa.ArrowTypeError):  # schemas differ: one table per bin
             self.loose, self.bins, self.lengths = dict(parts), [], []
 
@@ -207,17 +219,152 @@ def moved_parts(payload: Any) -> dict[int, pa.Table]:
     return payload.parts() if isinstance(payload, MovedState) else payload
 
 
+class ClampedFrontier:
+    """An input frontier as an operator may act on it while moved state waits to be loaded:
+    the input's own frontier joined with the times of the parts still waiting (``floor()``),
+    so the operator does nothing at those times before the state is in.  Offers what the
+    operators read of an ``OperatorInput.frontier``: ``frontier()``, ``less_equal``,
+    ``less_than``, ``is_empty``."""
+
+    __slots__ = ("inner", "floor")
+
+    def __init__(self, inner: Any, floor: Callable[[], list[Any]]) -> None:
+        self.inner = inner
+        self.floor = floor
+
+    def _joined(self) -> Any:
+        floor = self.floor()
+        if not floor:
+            return self.inner
+        return Antichain([*self.inner.frontier(), *floor])
+
+    def frontier(self) -> list[Any]:
+        joined = self._joined()
+        return joined.frontier() if joined is self.inner else joined.elements()
+
+    def less_equal(self, time: Any) -> bool:
+        return bool(self._joined().less_equal(time))
+
+    def less_than(self, time: Any) -> bool:
+        return bool(self._joined().less_than(time))
+
+    def is_empty(self) -> bool:
+        return bool(self._joined().is_empty())
+
+
+class LoadQueue:
+    """Moved state that arrived on its new owner, loaded in slices (at most about
+    ``SLICE_SECONDS`` of loading per ``run``, at least one slice).
+
+    ``add(ref, payload)`` queues a state message (a ``MovedState`` or ``{bin: pa.Table}``) at
+    ``ref.time`` and holds a token at that time (``ref.retain()``) until every part queued at
+    it is loaded; ``floor()`` lists the times with parts still waiting (the operator's input
+    frontier is clamped to them: ``ClampedFrontier``); ``run(done)`` loads slices of bins and,
+    when the parts of some time are all in, calls ``done(token)`` with the earliest token held
+    (e.g. mint the operator's tokens for the loaded state's pending times from it), then
+    drops the tokens of the times completed.  Returns True
+    when anything was loaded (the operator should run again: its clamped frontier moved).
+    """
+
+    __slots__ = ("load", "queue", "holds", "slice", "stats", "log")
+
+    def __init__(self, load: Callable[[dict[int, pa.Table]], None],
+                 log: list[LoadStats] | None = None) -> None:
+        self.load = load
+        self.queue: collections.deque[tuple[Any, dict[int, pa.Table]]] = collections.deque()
+        self.holds: dict[Any, Any] = {}
+        self.slice = 64
+        self.stats: dict[Any, LoadStats] = {}
+        self.log: list[LoadStats] = [] if log is None else log
+        """Every time's ``LoadStats``, appended once all its parts are loaded."""
+
+    def add(self, ref: Any, payload: Any) -> None:
+        parts = moved_parts(payload)
+        if ref.time not in self.holds:
+            self.holds[ref.time] = ref.retain()
+            self.stats[ref.time] = LoadStats(ref.time, _time.time())
+        self.queue.append((ref.time, dict(parts)))
+
+    def floor(self) -> list[Any]:
+        return list(self.holds)
+
+    @property
+    def pending(self) -> bool:
+        return bool(self.holds)
+
+    def run(self, done: Callable[[Any], None] = lambda token: None) -> bool:
+        if not self.holds:
+            return False
+        deadline = _time.perf_counter() + SLICE_SECONDS
+        first = True
+        while self.queue and (first or _time.perf_counter() < deadline):
+            first = False
+            time, parts = self.queue[0]
+            chunk = sorted(parts)[:self.slice]
+            began = _time.perf_counter()
+            self.load({b: parts.pop(b) for b in chunk})
+            spent = _time.perf_counter() - began
+            stats = self.stats[time]
+            stats.slices += 1
+            stats.loading += spent
+            stats.longest = max(stats.longest, spent)
+            want = len(chunk) * SLICE_SECONDS / max(spent, 1e-6)
+            self.slice = max(1, int(min(max(want, len(chunk) / 2), 4 * len(chunk))))
+            if not parts:
+                self.queue.popleft()
+        waiting = {time for time, _ in self.queue}
+        complete = [t for t in self.holds if t not in waiting]
+        if complete:
+            # mint from the earliest token held: state partly loaded for another time (a
+            # step before this one whose parts came later) may be pending before this time
+            done(self.holds[min(self.holds)])
+        for time in complete:
+            self.holds.pop(time).drop()
+            stats = self.stats.pop(time)
+            stats.loaded = _time.time()
+            self.log.append(stats)
+        return True
+
+
 @dataclass
 class StepStats:
     """One migration step as one worker saw it: ``bins`` it sent at logical time ``time``,
     their state's ``bytes`` (Arrow bytes: ``pa.Table.nbytes`` of the exported bins) and, when
     the operator measures (``measure=True``), ``total``: the bytes of all the state it held
-    just before the step (every worker records every step then, senders or not)."""
+    just before the step (every worker records every step then, senders or not).  Measuring,
+    ``bytes`` counts the moved bins' tables in that same export (like with like: a step goes
+    out in slices, and a slice's tables can carry fewer columns than the whole state's);
+    otherwise it sums the tables of the slices sent.
+
+    Timings (wall clock, ``time.time()`` s; 0 when nothing was sent): ``due`` when the first
+    slice's take began (S had applied every record before ``time``), ``sent`` when the last
+    slice was flushed to the mesh; ``slices`` taken, the ``longest`` one's take (s) and all
+    of them (``taking``, s)."""
 
     time: int
     bins: int
     bytes: int
     total: int = 0
+    due: float = 0.0
+    sent: float = 0.0
+    slices: int = 0
+    longest: float = 0.0
+    taking: float = 0.0
+
+
+@dataclass
+class LoadStats:
+    """The moved state one worker received at logical time ``time``: when its first part
+    reached the operator (``arrived``) and when the last was loaded (``loaded``; wall clock,
+    ``time.time()`` s), the ``slices`` loaded, the ``longest`` one (s) and all (``loading``,
+    s)."""
+
+    time: int
+    arrived: float
+    loaded: float = 0.0
+    slices: int = 0
+    longest: float = 0.0
+    loading: float = 0.0
 
 
 class Controller:
@@ -438,22 +585,25 @@ class Shared:
 
     Attributes:
         take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
-        size: bytes of all the state held (``pa.Table.nbytes`` of a full export; measuring).
+        sizes: bytes per bin of all the state held (``pa.Table.nbytes`` of each bin's
+            table in a full export; measuring).
         applied: S's input frontier (elements of all its inputs) when it last ran: F sends a
             bin's state at ``t`` once no element is ``< t``.
         waiting: F waits for S (S activates F after each run).
         released: called by F after a take: S releases the tokens of the state it no longer
             holds.
         moved: this worker's migration steps (``StepStats``), in order.
+        loads: the moved state this worker received and loaded (``LoadStats``), in order.
     """
 
     take: Callable[[list[int]], dict[int, pa.Table]]
-    size: Callable[[], int] = lambda: 0
+    sizes: Callable[[], dict[int, int]] = dict
     applied: list[Any] = field(default_factory=lambda: [0])
     activate_router: Callable[[], None] = lambda: None
     released: Callable[[], None] = lambda: None
     waiting: bool = False
     moved: list[StepStats] = field(default_factory=list)
+    loads: list[LoadStats] = field(default_factory=list)
 
 
 @dataclass
@@ -557,6 +707,38 @@ def register_state(worker: Any, key: str, state: BinnedState, table: RoutingTabl
         state.mark_unchanged()
 
 
+class _Send:
+    """A step at ``time`` this worker's router sends bins at (or, measuring, only records):
+    the tokens it holds at ``time`` on every output until the last slice is out, the moves
+    from this worker, the bins still ``left`` to take, the bins of the next ``slice``, the
+    Arrow ``bytes`` sent so far and ``started`` (None before the first slice; then the bytes
+    of the whole state when measuring, else 0)."""
+
+    __slots__ = ("time", "tokens", "moves", "targets", "left", "least", "slice", "bytes",
+                 "started", "due", "slices", "longest", "taking")
+
+    def __init__(self, time: int, tokens: list[Any], moves: list[Move]) -> None:
+        self.time = time
+        self.tokens = tokens
+        self.moves = moves
+        self.targets = {m.bin: m.new for m in moves}
+        self.left = [m.bin for m in moves]
+        self.least = -(-len(moves) // MAX_SLICES)
+        self.slice = max(self.least, min(len(moves), 16))
+        self.bytes = 0
+        self.started: int | None = None
+        self.due = 0.0
+        self.slices = 0
+        self.longest = 0.0
+        self.taking = 0.0
+
+    def next_slice(self, bins: int, seconds: float) -> int:
+        """Bins of the next slice after one of ``bins`` took ``seconds``: scaled towards
+        ``SLICE_SECONDS`` (at most halved or quadrupled at once), never below ``least``."""
+        want = min(max(bins * SLICE_SECONDS / max(seconds, 1e-6), bins / 2), 4 * bins)
+        return max(self.least, 1, int(want))
+
+
 def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, shared: Shared,
            lead: int = 1, measure: bool = False,
            name: str = "Megaphone", spread: bool = False) -> tuple[list[Stream], Controller]:
@@ -569,7 +751,13 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     routing table version in effect at ``s`` (``split(batch, owners)``).  For a step at ``t``
     moving bins away from this worker (every step when ``measure``), F holds a token at ``t``
     on every output until S has applied every record before ``t`` (``shared.applied``), then
-    takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners.
+    takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners, in
+    slices: each activation takes and sends slices of the step's bins until ``SLICE_SECONDS``
+    are spent, then yields to the worker loop (activating itself again); the tokens at ``t``
+    are dropped with the last slice, so the new owners' frontiers stay at ``t`` until every
+    slice is out.  Logically nothing changes (all of a step's bins move at ``t``); the work is
+    spread over several steps of the worker.  What an activation sent is flushed to the mesh
+    at once (``Worker.flush``), not after the rest of the worker's step.
     ``table`` is the operator's table at the start (a restored one, ``restored_table``).
     The controller's ``settled`` and ``table_at`` answer the checkpoint protocol.
 
@@ -594,6 +782,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         outs.append(out)
         routed.append(stream)
     me = scope.worker_index
+    flush: Callable[[], None] = getattr(worker, "flush", lambda: None)
     controller.key = operator_key(builder.core.path, name)
     table = controller.table = restored_table(worker, controller.key, table, scope.peers)
     if getattr(worker, "restore", None) is not None:
@@ -604,11 +793,44 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             cap.drop()
         versions: list[tuple[int, np.ndarray]] = [(-(1 << 62), table.owners.copy())]
         waiting: dict[tuple[int, int], tuple[Any, list[Any]]] = {}  # (input, time) -> token, batches
-        sends: list[tuple[int, list[Any], list[Move]]] = []  # (time, tokens, moves from me)
-        shared.activate_router = builder.activator()
+        sends: list[_Send] = []  # steps at which this worker sends (or measures), in order
+        shared.activate_router = builder_activate = builder.activator()
+        sent_now = [False]
+
+        def send_slices(send: _Send, deadline: float) -> bool:
+            """Take and send slices of ``send``'s bins until they are all sent (True) or the
+            activation's budget is spent (False; at least one slice per activation)."""
+            first = True
+            while send.left:
+                if not first and _time.perf_counter() >= deadline:
+                    return False
+                first = False
+                chunk = send.left[:send.slice]
+                del send.left[:send.slice]
+                if not send.slices:
+                    send.due = _time.time()
+                began = _time.perf_counter()
+                parts = shared.take(chunk)
+                spent = _time.perf_counter() - began
+                send.slices += 1
+                send.taking += spent
+                send.longest = max(send.longest, spent)
+                send.slice = send.next_slice(len(chunk), spent)
+                crash_point("megaphone.move")  # taken out here, not yet sent: in flight
+                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
+                for b in chunk:
+                    if b in parts:
+                        by_target[send.targets[b]][b] = parts[b]
+                if by_target:
+                    outs[0].give_batch(send.tokens[0], [(target, "s", MovedState(tables))
+                                                        for target, tables in by_target.items()])
+                    sent_now[0] = True
+                if not measure:
+                    send.bytes += sum(tb.nbytes for tb in parts.values())
+            return True
 
         def settled(epoch: int) -> str | None:
-            due = [t for t, _, _ in sends if t <= epoch]
+            due = [send.time for send in sends if send.time <= epoch]
             if due:
                 return f"{name}: worker {me} has {len(due)} moves at times <= {epoch} to send"
             held = [t for _, t in waiting if t <= epoch]
@@ -655,8 +877,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 apply(ref.time, moves)
                 mine = [m for m in moves if m.old == me]
                 if mine or measure:
-                    sends.append((ref.time, [ref.retain_for_output(o) for o in range(len(outs))],
-                                  mine))
+                    sends.append(_Send(ref.time, [ref.retain_for_output(o)
+                                                  for o in range(len(outs))], mine))
             control_frontier = control_in.frontier
             for i, data_in in enumerate(data_ins):
                 for ref, batch in data_in:
@@ -686,29 +908,37 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 keep = bisect.bisect_right(versions, low, key=lambda v: v[0]) - 1
                 if keep > 0:
                     del versions[:keep]
-            for entry in list(sends):
-                t, tokens, moves = entry
-                applied = shared.applied
-                if applied and min(applied) < t:
-                    continue  # S has not applied every record before t yet
-                total = shared.size() if measure else 0
-                parts = shared.take([m.bin for m in moves]) if moves else {}
-                if moves:
-                    crash_point("megaphone.move")  # taken out here, not yet sent: in flight
-                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
-                for m in moves:
-                    if m.bin in parts:
-                        by_target[m.new][m.bin] = parts[m.bin]
-                if by_target:
-                    outs[0].give_batch(tokens[0], [(target, "s", MovedState(tables))
-                                                   for target, tables in by_target.items()])
-                shared.moved.append(StepStats(t, len(moves),
-                                              sum(tb.nbytes for tb in parts.values()), total))
-                for token in tokens:
+            deadline = _time.perf_counter() + SLICE_SECONDS
+            finished: list[StepStats] = []
+            for send in list(sends):
+                if send.started is None:
+                    applied = shared.applied
+                    if applied and min(applied) < send.time:
+                        continue  # S has not applied every record before t yet
+                    if measure:  # the whole state's bytes per bin, just before the step
+                        sizes = shared.sizes()
+                        send.started = sum(sizes.values())
+                        send.bytes = sum(sizes.get(m.bin, 0) for m in send.moves)
+                    else:
+                        send.started = 0
+                if not send_slices(send, deadline):
+                    builder_activate()  # more of this step's bins next time; later steps wait
+                    break
+                finished.append(StepStats(send.time, len(send.moves), send.bytes,
+                                          send.started, send.due, 0.0, send.slices,
+                                          send.longest, send.taking))
+                for token in send.tokens:
                     token.drop()
-                sends.remove(entry)
-                if moves:
+                sends.remove(send)
+                if send.moves:
                     shared.released()
+            if sent_now[0]:
+                sent_now[0] = False
+                flush()  # the state goes out now, not after the rest of this worker's step
+            for stats in finished:
+                stats.sent = _time.time() if stats.slices else 0.0
+                shared.moved.append(stats)
+            finished.clear()
             shared.waiting = bool(sends)
 
         return logic
@@ -770,25 +1000,31 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     register_state(worker, f"{prefix}/pending", stash, owners)
     controller.states = [f"{prefix}/values", f"{prefix}/pending"]
 
+    activate = state_op.activator()
+
     def state_constructor(caps: list[Any]) -> Any:
         # a restored stash's times get their tokens from the initial token
         tokens: dict[int, Any] = {t: caps[0].delayed(t) for t in stash.pending_times()}
         caps[0].drop()
         data = state.data
+        # moved state is loaded in slices (LoadQueue) and the frontier S acts on stays at
+        # the move's time until it is all in: this worker folds no record of a moved bin at
+        # or after that time before the bin's values (the old owner's token at the time
+        # holds the input frontier there until its last slice is sent)
+        loads = LoadQueue(lambda parts: state.load(parts), shared.loads)  # (late bound)
+        frontier = ClampedFrontier(state_in.frontier, loads.floor)
 
         def logic(frontiers: Any) -> None:
             for ref, batch in state_in:
                 for _, kind, payload in batch:
                     if kind == "s":
-                        # moved state is loaded at once: this worker folds no record of the
-                        # bin before it (its frontier stays at the move's time until the old
-                        # owner sent it), so only the values change, never the order
-                        state.load(moved_parts(payload))
+                        loads.add(ref, payload)
                     else:
                         if ref.time not in tokens:
                             tokens[ref.time] = ref.retain()
                         stash.add(ref.time, unpacked(payload))
-            frontier = state_in.frontier
+            if loads.run() and loads.pending:
+                activate()  # more slices to load
             for t in sorted(tokens):
                 if frontier.less_equal(t):
                     break

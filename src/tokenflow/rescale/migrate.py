@@ -19,15 +19,19 @@ or, with an ``Elastic``, a migrating one:
   operator's state (``take`` when the state has one, else ``export`` + ``discard``) and sends
   it at ``t`` to the new owner.
 * **S** is the operator itself, built from the same ``constructor``: its inputs unwrap F's
-  records, and a state message is loaded (``BinnedState.load``) as soon as it arrives, then
-  the operator's tokens *adopt* the loaded state's pending times (``HeldTokens.adopt``:
-  tokens minted from the state message's capability, at ``t``; pending times are ``>= t``).
+  records; a state message is queued with a token held at its time ``t`` and loaded
+  (``BinnedState.load``) in slices of bins, about ``megaphone.SLICE_SECONDS`` of loading per
+  invocation (``megaphone.LoadQueue``); until a time's parts are all in, the input frontiers
+  the operator sees stay at ``t`` (``megaphone.ClampedFrontier``), and then the operator's
+  tokens *adopt* the loaded state's pending times (``HeldTokens.adopt``: tokens minted from
+  the held token at ``t``; pending times are ``>= t``) and the held token is dropped.
   After a take, the old owner's tokens *release* the times its remaining state no longer
   needs (``HeldTokens.release``), before the operator's next invocation.
 
-Why loading at once is correct: records of a moved bin at times ``>= t`` reach only the new
-owner, and its input frontier cannot pass ``t`` before the old owner's token at ``t`` is
-dropped, after the state is sent; so the new owner acts on the bin (closes a window, retires
+Why loading as it arrives is correct: records of a moved bin at times ``>= t`` reach only
+the new owner, and its input frontier cannot pass ``t`` before the old owner's token at ``t``
+is dropped, after the last slice of the state is sent, nor (as the operator sees it) before
+the queued slices are loaded; so the new owner acts on the bin (closes a window, retires
 an auction) only after it has loaded the state.  What it may do before is *add* records at
 times ``>= t`` to its state; the state types must merge loaded rows with such rows in either
 order (sums, maxima, appends, an auction whose bids arrived first: all of the NEXMark states
@@ -58,7 +62,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 import pyarrow as pa
 
-from tokenflow.dataflow.capability import CapabilityRef, CapabilitySet
+from tokenflow.dataflow.capability import Capability, CapabilityRef, CapabilitySet
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorBuilder, OperatorInput, operator_key
 from tokenflow.dataflow.operators.generic import OperatorInfo, binary_frontier, unary_frontier
@@ -66,11 +70,12 @@ from tokenflow.dataflow.routing import column_hashes, partition_arrow
 from tokenflow.dataflow.state import BinnedState
 from tokenflow.rescale.megaphone import (
     ByTarget,
+    ClampedFrontier,
+    LoadQueue,
     MigrationHandle,
     Shared,
     Splitter,
     checkpointable,
-    moved_parts,
     register_state,
     router,
     unpacked,
@@ -84,9 +89,9 @@ if TYPE_CHECKING:
 class HeldTokens(Protocol):
     """The tokens an operator holds for its state's pending times."""
 
-    def adopt(self, ref: CapabilityRef, times: Iterable[Any]) -> None:
-        """Hold a token covering each of ``times`` (minting from ``ref``, valid in this
-        invocation, where none is held yet)."""
+    def adopt(self, ref: CapabilityRef | Capability, times: Iterable[Any]) -> None:
+        """Hold a token covering each of ``times`` (minting from ``ref``, where none is held
+        yet: the token the wrapper held at the time of the moved state, ``LoadQueue``)."""
 
     def release(self, times: Iterable[Any]) -> None:
         """Hold tokens for ``times`` only (the state's remaining pending times)."""
@@ -101,7 +106,7 @@ class LeastToken:
     def __init__(self, tokens: CapabilitySet) -> None:
         self.tokens = tokens
 
-    def adopt(self, ref: CapabilityRef, times: Iterable[Any]) -> None:
+    def adopt(self, ref: CapabilityRef | Capability, times: Iterable[Any]) -> None:
         least = min(times, default=None)
         if least is None:
             return
@@ -195,17 +200,16 @@ def column_splitter(column: str, bins: int, peers: int) -> Splitter:
 
 class _Unwrapped:
     """An ``OperatorInput`` look-alike over a ``ByTarget`` channel from F: yields the data
-    parts, loads state messages as they come (``load(ref, tables)``)."""
+    parts, hands state messages to ``load(ref, tables)`` as they come; its ``frontier`` is
+    the input's, held at the times of moved state not loaded yet (``ClampedFrontier``)."""
 
-    __slots__ = ("inner", "load")
+    __slots__ = ("inner", "load", "frontier")
 
-    def __init__(self, inner: OperatorInput, load: Callable[[CapabilityRef, Any], None]) -> None:
+    def __init__(self, inner: OperatorInput, load: Callable[[CapabilityRef, Any], None],
+                 floor: Callable[[], list[Any]]) -> None:
         self.inner = inner
         self.load = load
-
-    @property
-    def frontier(self) -> Any:
-        return self.inner.frontier
+        self.frontier = ClampedFrontier(inner.frontier, floor)
 
     def __iter__(self) -> Iterator[tuple[CapabilityRef, Any]]:
         for ref, batch in self.inner:
@@ -283,7 +287,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         controller.states.append(key)
         migration.state = state
         shared.take = _take(state)
-        shared.size = lambda: sum(t.nbytes for t in state.export().values())
+        shared.sizes = lambda: {b: t.nbytes for b, t in state.export().items()}
         return state
 
     # by slot: the owners include workers that joined after this one built the operator
@@ -312,18 +316,27 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
             raise ValueError(f"{name}: a migrating operator must declare its state "
                              f"(info.state) and its tokens (migrates(info, tokens))")
 
-        def load(ref: CapabilityRef, tables: Any) -> None:
-            state.load(moved_parts(tables))
-            tokens.adopt(ref, state.pending_times())
+        loads = LoadQueue(state.load, shared.loads)
 
-        wrapped = [_Unwrapped(inp, load) for inp in op_inputs]
+        def loaded(token: Capability) -> None:  # a time's parts are all in: hold its tokens
+            tokens.adopt(token, state.pending_times())
+
+        wrapped = [_Unwrapped(inp, loads.add, loads.floor) for inp in op_inputs]
 
         def run(frontiers: Any) -> Any:
             if released[0]:
                 released[0] = False
                 tokens.release(state.pending_times())
+            loads.run(loaded)  # parts queued before: the operator then acts on them
             result = logic(*wrapped, output)
-            shared.applied = [e for inp in op_inputs for e in inp.frontier.frontier()]
+            # the frontier the logic acted on: F may take state the operator has applied
+            # every record before (and done all its work before: closed windows, auctions)
+            # only as far as this, not as far as the loads below let the frontier move
+            applied = [e for inp in wrapped for e in inp.frontier.frontier()]
+            if loads.pending:
+                loads.run(loaded)  # parts that came in this invocation
+                activate()  # run again: more slices, or the clamped frontier moved
+            shared.applied = applied
             if shared.waiting:
                 shared.activate_router()
             return result

@@ -29,13 +29,15 @@ def collect(handles: Sequence[MigrationHandle]) -> dict[str, Any]:
     controller), the table changes and the steps issued.
 
     Returns:
-        ``{operator: {"moved": [StepStats as dict], "changes": [(time, table json)],
+        ``{operator: {"moved": [StepStats as dict], "loads": [LoadStats as dict],
+        "changes": [(time, table json)],
         "issued": [(time, [(bin, old, new)])], "initial": table json}}``.
     """
     out: dict[str, Any] = {}
     for h in handles:
         c = h.controller
-        part: dict[str, Any] = {"moved": [asdict(s) for s in h.moved]}
+        part: dict[str, Any] = {"moved": [asdict(s) for s in h.moved],
+                                "loads": [asdict(s) for s in h.shared.loads]}
         if c.driving:
             part["changes"] = [(t, table.to_json()) for t, table in c.changes]
             part["issued"] = [(t, [(m.bin, m.old, m.new) for m in moves]) for t, moves in c.issued]
@@ -68,6 +70,15 @@ class ChangeReport:
         steps: the change's steps (distinct step times, over operators).
         end: the logical time of its last step (the latest over operators): the change is
             complete once the output frontier has passed it.
+        longest_take, longest_load: the longest single slice of a take (on a sender) and of
+            a load (on a receiver), seconds: the longest the change's own work held a worker
+            in one go (``StepStats.longest``, ``LoadStats.longest``).
+        timeline: per step time (over operators and workers), wall-clock seconds
+            (``time.time()``): ``due`` (the first sender's first take began), ``sent`` (the
+            last sender flushed its last slice), ``arrived`` (the first part reached a
+            receiver's operator), ``loaded`` (the last receiver loaded its last part), and
+            ``taking`` / ``loading``: the slices' seconds summed over workers; a key is
+            missing when no worker recorded it.
     """
 
     index: int
@@ -86,6 +97,9 @@ class ChangeReport:
     share: float = float("nan")
     steps: int = 0
     end: int = 0
+    longest_take: float = 0.0
+    longest_load: float = 0.0
+    timeline: list[dict[str, float]] = field(default_factory=list)
 
     @property
     def fraction(self) -> float:
@@ -160,7 +174,8 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
             share = sum(m / t for m, t in per_step.values() if t)
             changes.append({"time": lo, "before": before, "after": owners.copy(), "moves": moves,
                             "moved": moved, "total": total, "sender_bytes": sender_bytes,
-                            "share": share, "times": {t for t, _ in issued}})
+                            "share": share, "times": {t for t, _ in issued},
+                            "timing": _timing(parts, name, lo, hi)})
         per_op[name] = changes
     reports = []
     for k in range(min(counts, default=0)):  # the changes every operator made
@@ -190,8 +205,57 @@ def summarize(parts: Sequence[dict[str, Any]], initial: RoutingTable) -> list[Ch
             sum(e["total"] for e in entries.values())
             if any(e["total"] for e in entries.values()) else float("nan"),
             steps=len({t for e in entries.values() for t in e["times"]}),
-            end=max((t for e in entries.values() for t in e["times"]), default=int(first["time"]))))
+            end=max((t for e in entries.values() for t in e["times"]), default=int(first["time"])),
+            **_merged_timing([e["timing"] for e in entries.values()])))
     return reports
+
+
+_EARLIEST = ("due", "arrived")
+_LATEST = ("sent", "loaded")
+
+
+def _timing(parts: Sequence[dict[str, Any]], name: str, lo: int,
+            hi: int | None) -> dict[int, dict[str, float]]:
+    """Per step time in ``[lo, hi)``: the operator's ``timeline`` entry (``ChangeReport``)
+    and its longest take and load slices (``longest_take``, ``longest_load``)."""
+    out: dict[int, dict[str, float]] = {}
+    for p in parts:
+        part = p.get(name, {})
+        for kind, stats in (("take", part.get("moved", [])), ("load", part.get("loads", []))):
+            for s in stats:
+                t = int(s["time"])
+                if t < lo or (hi is not None and t >= hi) or not s.get("slices"):
+                    continue
+                entry = out.setdefault(t, {"time": float(t)})
+                first, last = ("due", "sent") if kind == "take" else ("arrived", "loaded")
+                entry[first] = min(entry.get(first, s[first]), s[first])
+                entry[last] = max(entry.get(last, s[last]), s[last])
+                spent = "taking" if kind == "take" else "loading"
+                entry[spent] = entry.get(spent, 0.0) + s[spent]
+                longest = f"longest_{kind}"
+                entry[longest] = max(entry.get(longest, 0.0), s["longest"])
+    return out
+
+
+def _merged_timing(timings: Sequence[dict[int, dict[str, float]]]) -> dict[str, Any]:
+    """``longest_take``, ``longest_load`` and ``timeline`` of a change from its operators'
+    ``_timing``."""
+    merged: dict[int, dict[str, float]] = {}
+    for timing in timings:
+        for t, entry in timing.items():
+            into = merged.setdefault(t, {"time": float(t)})
+            for key, value in entry.items():
+                if key in _EARLIEST:
+                    into[key] = min(into.get(key, value), value)
+                elif key in _LATEST or key.startswith("longest_"):
+                    into[key] = max(into.get(key, value), value)
+                elif key != "time":
+                    into[key] = into.get(key, 0.0) + value
+    timeline = [merged[t] for t in sorted(merged)]
+    return {"longest_take": max((e.get("longest_take", 0.0) for e in timeline), default=0.0),
+            "longest_load": max((e.get("longest_load", 0.0) for e in timeline), default=0.0),
+            "timeline": [{k: v for k, v in e.items() if not k.startswith("longest_")}
+                         for e in timeline]}
 
 
 __all__ = ["ChangeReport", "change_counts", "collect", "summarize"]

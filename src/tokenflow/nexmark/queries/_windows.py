@@ -92,7 +92,7 @@ class WindowTokens:
         self._tokens: dict[int, Capability] = {t: initial.delayed(t) for t in ends}
         self._ends: list[int] = sorted(self._tokens)  # a heap of the held ends (and stale ones)
 
-    def mint(self, least: CapabilityRef, ends: Iterable[int]) -> None:
+    def mint(self, least: CapabilityRef | Capability, ends: Iterable[int]) -> None:
         """A token at each of ``ends`` not held yet, from ``least`` (valid this invocation).
 
         Raises:
