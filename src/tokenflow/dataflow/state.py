@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
-from typing import Any, Generic, TypeVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import cloudpickle
 import numpy as np
@@ -131,6 +131,12 @@ class BinnedState(ABC):
     """The job's bin count ``S``, set when the state is registered (``attach``)."""
     home_bin: int = 0
     """The least bin this worker owns: where worker-local state is exported."""
+    take_per_bin: ClassVar[bool] = True
+    """Whether taking some bins out (``take``, ``export`` + ``discard``) costs about their
+    share of the state: a migration step then leaves its old owner in slices of bins
+    (``tokenflow.rescale.megaphone``).  False for a state whose every take pays a pass over
+    all its rows (``ColumnarState``: a hash and a filter of every held key), which a step
+    takes in one call: per slice, that pass would be paid once per slice."""
 
     def attach(self, bins: int, home_bin: int) -> None:
         """Called once when the operator declares the state."""

@@ -587,6 +587,8 @@ class Shared:
         take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
         sizes: bytes per bin of all the state held (``pa.Table.nbytes`` of each bin's
             table in a full export; measuring).
+        per_bin: the state's ``take_per_bin``: F takes a step's bins in slices (else in one
+            call, then sends).
         applied: S's input frontier (elements of all its inputs) when it last ran: F sends a
             bin's state at ``t`` once no element is ``< t``.
         waiting: F waits for S (S activates F after each run).
@@ -598,6 +600,7 @@ class Shared:
 
     take: Callable[[list[int]], dict[int, pa.Table]]
     sizes: Callable[[], dict[int, int]] = dict
+    per_bin: bool = True
     applied: list[Any] = field(default_factory=lambda: [0])
     activate_router: Callable[[], None] = lambda: None
     released: Callable[[], None] = lambda: None
@@ -752,8 +755,10 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     moving bins away from this worker (every step when ``measure``), F holds a token at ``t``
     on every output until S has applied every record before ``t`` (``shared.applied``), then
     takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners, in
-    slices: each activation takes and sends slices of the step's bins until ``SLICE_SECONDS``
-    are spent, then yields to the worker loop (activating itself again); the tokens at ``t``
+    slices when the state's take costs per bin (``shared.per_bin``, a ``BinnedState``'s
+    ``take_per_bin``; else in one take): each activation takes and sends slices of the step's
+    bins until ``SLICE_SECONDS`` are spent, then yields to the worker loop (activating itself
+    again); the tokens at ``t``
     are dropped with the last slice, so the new owners' frontiers stay at ``t`` until every
     slice is out.  Logically nothing changes (all of a step's bins move at ``t``); the work is
     spread over several steps of the worker.  What an activation sent is flushed to the mesh
@@ -815,7 +820,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 send.slices += 1
                 send.taking += spent
                 send.longest = max(send.longest, spent)
-                send.slice = send.next_slice(len(chunk), spent)
+                if shared.per_bin:
+                    send.slice = send.next_slice(len(chunk), spent)
                 crash_point("megaphone.move")  # taken out here, not yet sent: in flight
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 for b in chunk:
@@ -915,6 +921,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     applied = shared.applied
                     if applied and min(applied) < send.time:
                         continue  # S has not applied every record before t yet
+                    if not shared.per_bin:  # one take: each would pass over all the state
+                        send.slice = len(send.left) or 1
                     if measure:  # the whole state's bytes per bin, just before the step
                         sizes = shared.sizes()
                         send.started = sum(sizes.values())

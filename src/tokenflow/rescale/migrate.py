@@ -287,6 +287,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         controller.states.append(key)
         migration.state = state
         shared.take = _take(state)
+        shared.per_bin = bool(getattr(state, "take_per_bin", True))
         shared.sizes = lambda: {b: t.nbytes for b, t in state.export().items()}
         return state
 

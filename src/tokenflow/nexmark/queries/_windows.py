@@ -240,6 +240,7 @@ class ColumnarState(BinnedState):
     """
 
     PARTS: ClassVar[tuple[tuple[str, ...], ...]] = ()
+    take_per_bin: ClassVar[bool] = False  # every take hashes and filters all held keys
 
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         """Per part (in ``PARTS`` order): its rows (at least its ``PARTS`` columns) and the
