@@ -19,7 +19,8 @@ Layout under ``root`` (a directory on a ``pyarrow.fs.FileSystem``)::
         worker-<w:05d>.json   {"format", "job", "epoch", "bins", "worker",
                                "states": {state: {bin: [offset, length, crc32, rows]
                                                   or [offset, length, crc32, rows,
-                                                      epoch, worker]}},
+                                                      epoch, worker]
+                                                  (either + [first row])}},
                                "meta", "bins_crc32"}
         MANIFEST.json         {"format", "job", "epoch", "bins", "routing", "workers",
                                "parts": {w: crc32 of worker-<w>.json}, "meta", "created"}
@@ -29,7 +30,12 @@ of its previous committed part as ``previous`` writes only the blobs whose bytes
 crc32 and length: unchanged); the index entry of an unchanged blob names where it lives, with
 two more fields, the epoch and the worker of the ``.bins`` file that holds it.  When the state
 recorded which bins it changed (``changed=``, ``tokenflow.state.changes``), only those are
-handed over and serialized; the others are referenced without being looked at.  ``prune`` keeps
+handed over and serialized; the others are referenced without being looked at, and the changed
+bins are packed into shared blobs: consecutive bins of one schema up to ``GROUP_ROWS`` rows form one
+IPC stream (one batch per bin), whose entries all name the stream and add the bin's first row
+in it.  A windowed query's checkpoint changes thousands of bins of a few hundred bytes each,
+whose serialization one by one cost tens of ms of the worker's interpreter; a group is
+serialized in one call.  A reader decodes a shared blob once and slices each bin's rows.  ``prune`` keeps
 the ``.bins`` files that retained snapshots still point into (and drops the rest of those
 older directories, manifest first).
 
@@ -69,16 +75,24 @@ _WRITE_BUFFER = 1 << 20
 _MAX_READ = 64 << 20
 """Adjacent blobs are fetched together up to this many bytes per ranged read."""
 
-# (state, bin, worker, offset, length, crc32, rows, epoch): the blob lives in
-# snapshot-<epoch>/worker-<worker>.bins
-_Blob = tuple[str, int, int, int, int, int, int, int]
+GROUP_ROWS = 16384
+"""Changed bins of an incremental part are packed into shared blobs of about this many rows
+(consecutive bins of one schema; rows, not bytes, since a bin's table may be a slice of a
+larger one whose buffers it shares)."""
+_GROUP_BINS = 512
+"""At most this many bins share a blob."""
+
+# (state, bin, worker, offset, length, crc32, rows, epoch, first row): the blob lives in
+# snapshot-<epoch>/worker-<worker>.bins; the bin's rows are [first, first + rows) of it
+_Blob = tuple[str, int, int, int, int, int, int, int, int]
 Entry = list[int]
-"""An absolute blob reference: ``[offset, length, crc32, rows, epoch, worker]``."""
+"""An absolute blob reference: ``[offset, length, crc32, rows, epoch, worker]``, plus the
+bin's first row when the blob is shared by several bins."""
 
 
 @dataclass(frozen=True)
 class _Index:
-    """A parsed worker index: state -> bin -> [offset, length, crc32, rows], meta, file crc."""
+    """A parsed worker index: state -> bin -> entry (see the layout), meta, file crc."""
 
     states: dict[str, dict[int, list[int]]]
     meta: dict[str, Any]
@@ -358,11 +372,50 @@ class _BlobWriter:
         """Reference every bin of the previous part that the incremental capture of
         ``state`` did not change."""
         changed = self.changed[state]
+        shared = set()  # a shared blob's bytes count once
         for b, old in self.previous[state].items():
             if b in changed:
                 continue
             entries[str(b)] = absolute[b] = [int(x) for x in old]
+            if len(old) == 7:
+                if (old[4], old[5], old[0]) in shared:
+                    continue
+                shared.add((old[4], old[5], old[0]))
             self.reused += int(old[1])
+
+    def _groups(self, state: str, per_bin: list[tuple[int, pa.Table]], offset: int,
+                entries: dict[str, list[int]], absolute: dict[int, Entry]) -> Iterable[pa.Buffer]:
+        """The changed bins of an incremental ``state`` packed into shared blobs (module
+        docstring), recording their entries; the first blob starts at ``offset``."""
+        group: list[tuple[int, pa.Table]] = []
+        size = 0
+
+        def close() -> pa.Buffer:
+            nonlocal offset
+            schema = group[0][1].schema
+            batches = [batch for _, table in group for batch in table.to_batches()]
+            blob = _ipc_bytes(pa.Table.from_batches(batches, schema))
+            crc = zlib.crc32(blob)
+            first = 0
+            for b, table in group:
+                rows = table.num_rows
+                entries[str(b)] = [offset, blob.size, crc, rows, first]
+                absolute[b] = [offset, blob.size, crc, rows, self.epoch, self.worker, first]
+                first += rows
+            offset += blob.size
+            return blob
+
+        for b, table in per_bin:
+            if table.num_rows == 0:
+                continue
+            if group and (size >= GROUP_ROWS or len(group) >= _GROUP_BINS
+                          or not table.schema.equals(group[0][1].schema, check_metadata=True)):
+                yield close()
+                group, size = [], 0
+            group.append((b, table))
+            size += table.num_rows
+        if group:
+            yield close()
 
     def chunks(self) -> Iterable[Any]:
         offset = 0
@@ -375,6 +428,15 @@ class _BlobWriter:
             before = self.previous.get(state, {})
             if state in self.changed:
                 self._keep_unchanged(state, entries, absolute)
+            if state in self.changed:
+                for blob in self._groups(state, per_bin, offset, entries, absolute):
+                    offset += blob.size
+                    pending.append(blob)
+                    pending_size += blob.size
+                    if pending_size >= _WRITE_BUFFER:
+                        yield b"".join(pending)
+                        pending, pending_size = [], 0
+                continue
             for b, table in per_bin:
                 if table.num_rows == 0:
                     continue
@@ -417,7 +479,7 @@ def _checked_changes(checked: list[tuple[str, list[tuple[int, pa.Table]]]],
         if previous is None or state not in previous:
             raise ValueError(f"state {state!r}: changed bins given without its previous "
                              f"entries (an incremental capture needs them)")
-        if any(len(e) != 6 for e in previous[state].values()):
+        if any(len(e) not in (6, 7) for e in previous[state].values()):
             raise ValueError(f"state {state!r}: previous entries must be absolute "
                              f"(WorkerPart.entries)")
         marked = {int(b) for b in marks}
@@ -683,7 +745,7 @@ def _parse_entries(path: str, state: str, entries: Any, bins: int) -> dict[int, 
         raise SnapshotError(f"{path}: state {state!r} is not a JSON object")
     out = {}
     for key, entry in entries.items():
-        ok = (isinstance(entry, list) and len(entry) in (4, 6)
+        ok = (isinstance(entry, list) and len(entry) in (4, 5, 6, 7)
               and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry))
         if not ok or not key.isdigit() or int(key) >= bins:
             raise SnapshotError(f"{path}: state {state!r}: malformed entry for bin {key!r:.20}: "
@@ -817,11 +879,12 @@ class Snapshot:
                         raise SnapshotError(f"{self._bins_path(w)}: state {state!r} bin {b} is "
                                             f"also in the part of another worker")
                     offset, length, crc, rows = entry[:4]
-                    epoch, worker = (entry[4], entry[5]) if len(entry) == 6 else (self.epoch, w)
+                    epoch, worker = (entry[4], entry[5]) if len(entry) >= 6 else (self.epoch, w)
+                    first = entry[-1] if len(entry) in (5, 7) else -1
                     if epoch > self.epoch or (epoch == self.epoch and worker != w):
                         raise SnapshotError(f"{self._bins_path(w)}: state {state!r} bin {b} "
                                             f"refers to a later snapshot (epoch {epoch})")
-                    merged[b] = (state, b, worker, offset, length, crc, rows, epoch)
+                    merged[b] = (state, b, worker, offset, length, crc, rows, epoch, first)
         return out
 
     def _bins_path(self, worker: int, epoch: int | None = None) -> str:
@@ -838,6 +901,7 @@ class Snapshot:
             return {}  # (the table's version may differ: only who owns what matters)
         owned = set(routing.owned_by(worker).tolist())
         return {state: {b: [blob[3], blob[4], blob[5], blob[6], blob[7], blob[2]]
+                        + ([blob[8]] if blob[8] >= 0 else [])
                         for b, blob in blobs.items() if b in owned}
                 for state, blobs in self._blobs.items()}
 
@@ -868,7 +932,13 @@ class Snapshot:
         out = dict.fromkeys(self.workers, 0)
         for name, blobs in self._blobs.items():
             if state is None or name == state:
+                seen = set()
                 for blob in blobs.values():
+                    if blob[8] >= 0:  # a shared blob counts once
+                        where = (blob[7], blob[2], blob[3])
+                        if where in seen:
+                            continue
+                        seen.add(where)
                     out[blob[2]] = out.get(blob[2], 0) + blob[4]
         return out
 
@@ -911,8 +981,9 @@ class Snapshot:
                 data = pa.py_buffer(handle.read_at(size, start))
                 with self._lock:
                     self.bytes_read[worker] = self.bytes_read.get(worker, 0) + data.size
+                shared: dict[int, pa.Table] = {}  # offset -> a shared blob's whole table
                 for blob in run:
-                    out[blob[1]] = _decode(path, data, start, blob)
+                    out[blob[1]] = _decode(path, data, start, blob, shared)
         return out
 
     def verify(self) -> None:
@@ -947,6 +1018,9 @@ def _runs(blobs: list[_Blob]) -> Iterable[list[_Blob]]:
     bytes (a single larger blob forms its own run)."""
     run: list[_Blob] = []
     for blob in blobs:
+        if run and blob[3] == run[-1][3]:  # the same shared blob
+            run.append(blob)
+            continue
         if run and (blob[3] != run[-1][3] + run[-1][4] or blob[3] + blob[4] - run[0][3] > _MAX_READ):
             yield run
             run = []
@@ -955,10 +1029,32 @@ def _runs(blobs: list[_Blob]) -> Iterable[list[_Blob]]:
         yield run
 
 
-def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob) -> pa.Table:
-    """The table of one blob within ``data`` (read from offset ``start``), verified."""
-    state, b, _, offset, length, crc, rows, _ = blob
+def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob,
+            shared: dict[int, pa.Table] | None = None) -> pa.Table:
+    """The table of one blob within ``data`` (read from offset ``start``), verified; of a
+    shared blob, the bin's rows (the whole blob decoded once per ``shared`` cache)."""
+    state, b, _, offset, length, crc, rows, _, first = blob
     where = f"{path}: state {state!r} bin {b} (offset {offset}, {length} bytes)"
+    if first >= 0:
+        whole = None if shared is None else shared.get(offset)
+        if whole is None:
+            whole = _decode_stream(where, data, start, offset, length, crc)
+            if shared is not None:
+                shared[offset] = whole
+        if first + rows > whole.num_rows:
+            raise SnapshotError(f"{where}: rows [{first}, {first + rows}) of a shared blob of "
+                                f"{whole.num_rows} rows")
+        return whole.slice(first, rows)
+    table = _decode_stream(where, data, start, offset, length, crc)
+    if table.num_rows != rows:
+        raise SnapshotError(f"{where}: {table.num_rows} rows, index says {rows}")
+    return table
+
+
+def _decode_stream(where: str, data: pa.Buffer, start: int, offset: int, length: int,
+                   crc: int) -> pa.Table:
+    """The IPC stream at ``offset`` within ``data`` (read from offset ``start``), its crc32
+    checked."""
     if offset - start + length > data.size:
         raise SnapshotError(f"{where}: file truncated (read {max(0, data.size - offset + start)} "
                             f"bytes)")
@@ -966,12 +1062,9 @@ def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob) -> pa.Table:
     if zlib.crc32(view) != crc:
         raise SnapshotError(f"{where}: crc32 {zlib.crc32(view):#010x}, index says {crc:#010x}")
     try:
-        table = pa.ipc.open_stream(view).read_all()
+        return pa.ipc.open_stream(view).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
         raise SnapshotError(f"{where}: cannot decode the Arrow IPC stream: {exc}") from exc
-    if table.num_rows != rows:
-        raise SnapshotError(f"{where}: {table.num_rows} rows, index says {rows}")
-    return table
 
 
 __all__ = ["FORMAT", "MANIFEST", "Snapshot", "SnapshotError", "WorkerPart", "commit_snapshot",
