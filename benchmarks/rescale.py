@@ -31,7 +31,7 @@ migration* when its ``[first sent, last done]`` overlaps a window; *steady* epoc
 after a warm-up.  Also measured: the largest gap between two consecutive completions on a worker
 and the longest run of epoch periods (on the send grid) in which a worker saw no epoch complete;
 the bins and bytes of each step (``handle.moved``, ``StepStats``, summed over the old owners);
-how long each worker spent in each migration call (``take(bins)`` on the
+how long each worker spent in each migration call (``take(bins)`` of a slice on the
 old owner, ``load`` on the new one: wrapped with a timer inside the job) and its longest steps
 (wall and thread CPU time); worker CPU time.
 
@@ -52,6 +52,7 @@ minutes: 64 bins, 3 s between rescales, a shorter maximum-throughput measurement
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import platform
 import sys
@@ -78,6 +79,8 @@ IN_FLIGHT = 4
 P99_RATIO_TARGET = 2.0
 P99_TARGET_MS = 100.0
 MAX_TARGET_MS = 250.0
+LONG_STEP_MS = 40.0
+"""Steps at least this long are matched against Python's full (generation 2) collections."""
 BLOCK_TARGET_MS = 5.0
 KEPT = "\n## Reading this run"
 """A hand-written section of ``rescale.md`` from this heading on is kept when the script rewrites
@@ -140,6 +143,24 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
         epochs = cfg["epochs"]
         batches = [[vocab[i] for i in share(cdf, worker.index, e, cfg["words"], cfg["salt"]).tolist()]
                    for e in range(epochs)]
+        # The whole run's input, made up front, is millions of references in lists that
+        # Python's cyclic GC traversed at every full (generation 2) collection: 55-60 ms of
+        # CPU every few seconds on every worker, which a source reading its input as it goes
+        # does not pay.  Move it out of the collector's reach (the job's own objects are still
+        # collected); "gc_as_before" keeps the old behaviour for the comparison run.
+        if not cfg.get("gc_as_before"):
+            gc.collect()
+            gc.freeze()
+        gcs: list[tuple[float, float, int]] = []  # (wall end, seconds, generation), gen >= 1
+        gc_began = [0.0]
+
+        def on_gc(phase: str, info: dict[str, Any]) -> None:
+            if phase == "start":
+                gc_began[0] = time.perf_counter()
+            elif info["generation"] >= 1:
+                gcs.append((time.time(), time.perf_counter() - gc_began[0], info["generation"]))
+
+        gc.callbacks.append(on_gc)
         last: dict[str, int] = {}
         emitted = [0]
 
@@ -173,7 +194,7 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
                 return result
             return call
 
-        if handle is not None:  # a step's state leaves its old owner in one take(bins) call
+        if handle is not None:  # a step's state leaves its old owner in take(bins) slices
             handle.shared.take = timed("take", handle.shared.take)
         state.load = timed("load", state.load)  # type: ignore[method-assign]
 
@@ -220,10 +241,12 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
         while len(done) < epochs:
             step(0.01)
         cpu, wall = time.process_time() - cpu, time.time() - wall
+        gc.callbacks.remove(on_gc)
         state_bytes = sum(t.nbytes for t in KeyedState.export(state).values())  # unwrapped
         return {"state_bytes": state_bytes, "ready": ready, "sent": sent, "done": done,
                 "cpu": cpu, "wall": wall,
                 "steps": counted["steps"], "parked": counted["parked"], "long_steps": long_steps,
+                "gcs": gcs,
                 "calls": calls, "last": last, "emitted": emitted[0],
                 "state": dict(state.data),
                 "moved": [(s.time, s.bins, s.bytes) for s in handle.moved] if handle else [],
@@ -427,6 +450,18 @@ def analyse(results: list[dict[str, Any]], requests: list[dict[str, Any]], cfg: 
                     long_in[w] = max(long_in.get(w, step), step)
             else:
                 long_out[w] = max(long_out.get(w, step), step)
+    # Python's full collections against the long steps (after the warm-up)
+    gc2: list[tuple[int, float]] = []  # per worker: gen-2 collections, the longest (ms)
+    long_gc: list[tuple[int, int]] = []  # per worker: steps >= LONG_STEP_MS, those with a gen 2
+    for r in results:
+        full = [(end, sec) for end, sec, g in r.get("gcs", []) if g == 2
+                and end >= origin + warmup]
+        gc2.append((len(full), max((sec * 1e3 for _, sec in full), default=0.0)))
+        long = [(end_at, sec) for end_at, sec, _ in r["long_steps"]
+                if end_at >= origin + warmup and sec * 1e3 >= LONG_STEP_MS]
+        with_gc = sum(1 for end_at, sec in long
+                      if any(end_at - sec <= g_end <= end_at for g_end, _ in full))
+        long_gc.append((len(long), with_gc))
     steady_lat, migr_lat, settle_lat = latency[steady], latency[in_window], latency[settling]
     steady_p99, migr_p99 = percentile(steady_lat, 99), percentile(migr_lat, 99)
     migr_max = float(migr_lat.max()) if len(migr_lat) else float("nan")
@@ -448,6 +483,7 @@ def analyse(results: list[dict[str, Any]], requests: list[dict[str, Any]], cfg: 
         "loads": len(loads), "first_export": first_export, "later_export": later_export,
         "max_load": [max((ms for _, ms in ld), default=None) for _, ld in calls],
         "long_in": long_in, "long_out": long_out, "changes": changes,
+        "gc2": gc2, "long_gc": long_gc,
         "cpu": [r["cpu"] / r["wall"] for r in results],
         "steps_per_s": [r["steps"] / r["wall"] for r in results],
         "parked": [r["parked"] / max(1, r["steps"]) for r in results],
@@ -604,8 +640,10 @@ def workers_table(runs: dict[str, dict[str, Any]]) -> list[str]:
     lines = [
         "| run | worker | CPU / wall | steps/s | steps that parked first | first take "
         "ms | later take, max ms | load, max ms | longest step in a window (owners "
-        "before the change): wall (CPU) ms | longest step outside the windows: wall (CPU) ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "before the change): wall (CPU) ms | longest step outside the windows: wall (CPU) ms "
+        f"| gen-2 GCs: count, longest ms | steps >= {LONG_STEP_MS:.0f} ms: count (with a gen-2 "
+        "GC in them) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for label, a in runs.items():
         for w in range(WORKERS):
@@ -613,7 +651,8 @@ def workers_table(runs: dict[str, dict[str, Any]]) -> list[str]:
                 f"| {label} | {w} | {a['cpu'][w]:.2f} | {a['steps_per_s'][w]:,.0f} | "
                 f"{a['parked'][w]:.0%} | {ms(a['first_export'][w])} | {ms(a['later_export'][w])} | "
                 f"{ms(a['max_load'][w])} | {wall_cpu(a['long_in'].get(w))} | "
-                f"{wall_cpu(a['long_out'].get(w))} |")
+                f"{wall_cpu(a['long_out'].get(w))} | {a['gc2'][w][0]}, {a['gc2'][w][1]:.1f} | "
+                f"{a['long_gc'][w][0]} ({a['long_gc'][w][1]}) |")
     return lines
 
 
@@ -690,10 +729,13 @@ def report(runs: dict[str, dict[str, Any]],
         "saw no epoch complete; the longest run over the workers (2 or more: throughput was "
         "zero for two consecutive epochs).",
         "- *longest migration call*: the longest `take(bins)` (export and forget the moving "
-        "bins' state) of one step on its old owner, or `load` of one arriving part on the new "
-        "owner (wrapped with a timer inside the job): the time the migration itself holds a worker "
-        "in one go. Steps also carry the worker's regular work; their lengths are under "
-        "*Workers*.",
+        "bins' state) of one slice of a step on its old owner, or `load` of one slice of "
+        "arriving parts on the new owner (wrapped with a timer inside the job): the time the "
+        "migration itself holds a worker in one go. A step leaves its old owner in slices of "
+        f"bins, about {1e3 * mp.SLICE_SECONDS:g} ms of taking per activation (at most "
+        f"{mp.MAX_SLICES} slices a step), and is loaded the same way; its tokens and the new "
+        "owner's frontier stay at the step's time until the last slice is in. Steps also "
+        "carry the worker's regular work; their lengths are under *Workers*.",
         "",
         "## Per change",
         "",
@@ -742,6 +784,13 @@ def report(runs: dict[str, dict[str, Any]],
         "the warm-up) and, in brackets, the CPU time its thread used meanwhile: a step much "
         "longer than its CPU time waited for a core (4 workers, the driver and other work on 2 "
         "cores), not for the migration.",
+        "- *gen-2 GCs*: Python's full cyclic-garbage collections in the worker process after the "
+        "warm-up (`gc.callbacks`), how many and the longest; *steps >= "
+        f"{LONG_STEP_MS:.0f} ms*: how many steps took that long, and in brackets how many of "
+        "them had a full collection end inside them. The runs pre-generate their whole input "
+        "as Python lists of words (50 s of it: about 7.7 million references per worker), and "
+        "`gc.freeze()` moves it out of the collector's reach once made; the reference *input "
+        "not frozen* runs as every run did before (each full collection traverses it).",
         "",
         f"Send lag (a worker's send after its due time): p99 "
         f"{max(a['lag_p99'] for a in runs.values()):.1f} ms, max "
@@ -840,7 +889,10 @@ def main() -> None:
             "megaphone_fold, no rescaling": open_run("reference: megaphone_fold", {
                 **cfg, "salt": 20}, None, args.dump),
             "state_machine, no rescaling": open_run("reference: state_machine", {
-                **cfg, "salt": 21, "operator": "state_machine"}, None, args.dump)}
+                **cfg, "salt": 21, "operator": "state_machine"}, None, args.dump),
+            "megaphone_fold, no rescaling, input not frozen": open_run(
+                "reference: megaphone_fold, input not frozen", {
+                    **cfg, "salt": 22, "gc_as_before": True}, None, args.dump)}
     text = report(runs, references, maxima, cfg, args, load, when)
     print(text)
     if not args.no_write:

@@ -727,7 +727,7 @@ class _Send:
         self.targets = {m.bin: m.new for m in moves}
         self.left = [m.bin for m in moves]
         self.least = -(-len(moves) // MAX_SLICES)
-        self.slice = max(self.least, min(len(moves), 16))
+        self.slice = max(self.least, min(len(moves), 8))
         self.bytes = 0
         self.started: int | None = None
         self.due = 0.0
