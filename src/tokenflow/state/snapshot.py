@@ -664,16 +664,33 @@ def delete_snapshot(root: str | os.PathLike[str], epoch: int,
         _delete_dir(fs, directory)
 
 
+_FILES: dict[tuple[str, int, int | None, int | None], frozenset[tuple[int, int]]] = {}
+"""``_referenced``'s memory: the files of a committed snapshot, by its manifest's path, epoch,
+modification time and size (a committed snapshot never changes; one written again after its
+directory was deleted has another manifest).  The driver prunes after every checkpoint and
+otherwise parsed every kept snapshot's indexes (thousands of entries each) every time."""
+_FILES_KEPT = 64
+
+
 def _referenced(fs: pafs.FileSystem, base: str, epochs: Iterable[int]) -> set[tuple[int, int]]:
     """``(epoch, worker)`` of every ``.bins`` file the snapshots at ``epochs`` read blobs
     from (their own and earlier ones); unreadable snapshots reference nothing."""
     out: set[tuple[int, int]] = set()
     for epoch in epochs:
-        try:
-            snapshot = Snapshot.open(base, epoch, filesystem=fs)
-        except SnapshotError:
-            continue
-        out |= snapshot.files()
+        info = fs.get_file_info(_join(_join(base, _dir_name(epoch)), MANIFEST))
+        key = (f"{type(fs).__name__}:{info.path}", epoch, info.mtime_ns, info.size)
+        cached = info.type == pafs.FileType.File and info.mtime_ns is not None
+        files = _FILES.get(key) if cached else None
+        if files is None:
+            try:
+                files = frozenset(Snapshot.open(base, epoch, filesystem=fs).files())
+            except SnapshotError:
+                continue
+            if cached:
+                if len(_FILES) >= _FILES_KEPT:
+                    _FILES.pop(next(iter(_FILES)))
+                _FILES[key] = files
+        out |= files
     return out
 
 
