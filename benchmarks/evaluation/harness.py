@@ -57,6 +57,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+
 from tokenflow import execute
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
@@ -94,6 +97,40 @@ class Histogram:
         self.counts[index] += 1
         if value > self.max:
             self.max = value
+
+    def add_array(self, values: np.ndarray) -> None:
+        """Count every latency of ``values`` (ns, int64), vectorized (the same bins as
+        ``add``)."""
+        if len(values) == 0:
+            return
+        v = np.maximum(values.astype(np.int64), 0)
+        index = v.copy()
+        big = v >= 16
+        if big.any():
+            b = v[big]
+            e = np.floor(np.log2(b.astype(np.float64))).astype(np.int64)
+            e -= (b >> e) == 0  # float rounding at the edges of a power of two
+            e += (b >> (e + 1)) > 0
+            index[big] = (e - 2) * SUB_BINS + ((b >> (e - 3)) & 7)
+        counts = self.counts
+        binned = np.bincount(index)
+        for i in np.flatnonzero(binned).tolist():
+            counts[i] += int(binned[i])
+        top = int(v.max())
+        if top > self.max:
+            self.max = top
+
+    def record_array(self, now: int, offered: Any) -> None:
+        """``record`` for every offer time of ``offered`` (an int64 Arrow array or numpy
+        array, ns): vectorized, or one by one below 64 values (numpy's cost per call would
+        otherwise be the sink's cost of a small batch)."""
+        if len(offered) < 64:
+            record = self.record
+            for x in offered.to_pylist() if isinstance(offered, pa.Array) else offered.tolist():
+                record(now, x)
+            return
+        values = offered.to_numpy() if isinstance(offered, pa.Array) else offered
+        self.add_array(now - values[values >= self.since])
 
     def record(self, now: int, offered: int) -> None:
         """Count ``now - offered`` when ``offered`` is past the warm-up."""
@@ -244,6 +281,9 @@ def latency_sink(stream: Stream, hist: Histogram, abort: Abort, name: str = "Lat
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for _ref, batch in input:
                 now = clock()
+                if type(batch) is not list:  # columnar: an Arrow batch with an offer column
+                    hist.record_array(now, batch.column("offer"))
+                    continue
                 if timed:
                     for r in batch:
                         if type(r) is tuple:
@@ -292,7 +332,9 @@ def agree_start(worker: Any, margin_ms: int = 20) -> int:
 def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abort: Abort,
           make: Callable[[int, int, int], Any] = word_record,
           per_time: Callable[[int, int], None] | None = None,
-          timed: bool = False) -> WorkerReport:
+          timed: bool = False,
+          make_batch: Callable[[int, int, np.ndarray, np.ndarray], Any] | None = None,
+          ) -> WorkerReport:
     """Offer records open-loop on this worker and step it (see the module notes).
 
     ``make(i, worker_index, offer_ns)`` builds record ``i``; ``per_time(now, frontier)``, when
@@ -301,7 +343,10 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
     ``(time, record)`` (``InputHandle.send_at``) at the input's current epoch instead of
     advancing the input to each record's time first: the records and their times, and the
     moments the input advances to close a quantum, are the same; one message carries the
-    records of many times.
+    records of many times.  With ``make_batch(first, worker_index, offers, times)`` (columnar
+    timed records, ``columnar.make_batch``) the records due are built as one Arrow batch per
+    turn (numpy offer and time arrays, the same values as one by one) and sent with
+    ``InputHandle.send_batch_at``.
     """
     report = WorkerReport(worker.index)
     clock = time.monotonic_ns
@@ -332,6 +377,15 @@ def drive(worker: Any, handle: Any, probe: Any, load: Load, hist: Histogram, abo
         if next_offer < closed:
             report.behind_ns = max(report.behind_ns,
                                    now - (next_offer - next_offer % period + period))
+        if make_batch is not None and next_offer < closed:
+            due = np.arange(sent, math.ceil((closed - t0) / interval) + 1, dtype=np.int64)
+            offers = t0 + (due * interval).astype(np.int64)
+            offers = offers[offers < closed]
+            times = offers - offers % q
+            handle.send_batch_at(make_batch(sent, me, offers, times))
+            last_ts = int(times[-1])
+            sent += len(offers)
+            next_offer = t0 + int(sent * interval)
         while next_offer < closed:
             ts = next_offer - next_offer % q
             if timed:
@@ -394,7 +448,9 @@ def merge(params: dict[str, Any], reports: Sequence[WorkerReport]) -> Result:
 
 def run_wordcount(build: Callable[[Stream, Abort], Stream], load: Load, workers: int = 1,
                   runtime: str = "thread", params: dict[str, Any] | None = None,
-                  timed: bool = False) -> Result:
+                  timed: bool = False,
+                  make_batch: Callable[[int, int, np.ndarray, np.ndarray], Any] | None = None,
+                  ) -> Result:
     """Run ``build`` (input stream of ``(word, offer_ns)`` -> output tuples whose last field is
     the offer time; with ``timed``, ``(time, record)`` pairs of both, see ``drive``) open-loop
     under ``load`` and measure per-record latency."""
@@ -409,12 +465,13 @@ def run_wordcount(build: Callable[[Stream, Abort], Stream], load: Load, workers:
             return handle, probe
 
         handle, probe = worker.dataflow(dataflow)
-        return drive(worker, handle, probe, load, hist, abort, timed=timed)
+        return drive(worker, handle, probe, load, hist, abort, timed=timed,
+                     make_batch=make_batch)
 
     budget = load.duration + load.drain_limit + 60
     reports = execute(job, workers=workers, runtime=runtime, timeout=budget)
     return merge(dict(params or {}, rate=load.rate, quantum=load.quantum_ns, workers=workers,
-                      runtime=runtime, timed=timed), reports)
+                      runtime=runtime, timed=timed, columnar=make_batch is not None), reports)
 
 
 def confirmed(run: Callable[[], dict[str, Any]]) -> dict[str, Any]:

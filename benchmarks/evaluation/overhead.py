@@ -12,6 +12,12 @@ per ``B`` records sent (``B`` timestamps per step at one timestamp per record: a
 worker that keeps up takes one step per timestamp or few, one that falls behind takes many
 timestamps per step).  Wall-clock µs per record, the median of three alternating rounds.
 
+The three mechanisms also run on *timed records* (``wordcount.TIMED_MECHANISMS``) at one
+timestamp per record: each record is sent as ``(time, record)`` under the input's epoch
+(``InputHandle.send_at``) and the input advances once per step, past every time sent, instead
+of once per record: what a timestamp costs each mechanism once the data path no longer sends a
+message per timestamp.
+
 Writes ``benchmarks/results/evaluation_overhead.{md,png,json}``; ``--quick``: fewer records, to
 a temporary directory.
 """
@@ -38,7 +44,7 @@ from benchmarks.evaluation.harness import (  # noqa: E402
     run_script,
     table,
 )
-from benchmarks.evaluation.wordcount import MECHANISMS, _noop, word  # noqa: E402
+from benchmarks.evaluation.wordcount import MECHANISMS, TIMED_MECHANISMS, _noop, word  # noqa: E402
 from tokenflow import execute  # noqa: E402
 from tokenflow.dataflow.channels import Exchange  # noqa: E402
 from tokenflow.dataflow.stream import Stream  # noqa: E402
@@ -58,10 +64,13 @@ def tokens_hop(stream: Stream, abort: Abort) -> Stream:
 
 
 VARIANTS: dict[str, Any] = {"pass-through": pass_through, **MECHANISMS, "tokens + hop": tokens_hop}
+TIMED: dict[str, Any] = {f"timed {name}": build for name, build in TIMED_MECHANISMS.items()}
+"""The mechanisms on timed records (one timestamp per record, the input advanced per step)."""
 
 
-def once(build: Any, records: int, per_step: int, sharing: int) -> float:
-    """µs per record for one closed-loop run."""
+def once(build: Any, records: int, per_step: int, sharing: int, timed: bool = False) -> float:
+    """µs per record for one closed-loop run (``timed``: records sent with ``send_at``, the
+    input advanced past them once per step)."""
 
     def job(worker: Any) -> float:
         def dataflow(scope: Any) -> Any:
@@ -74,6 +83,15 @@ def once(build: Any, records: int, per_step: int, sharing: int) -> float:
         data = [(WORDS[(i * 2654435761) % 4096], i) for i in range(records)]
         start = time.perf_counter()
         t = 1
+        if timed:
+            for i, record in enumerate(data):
+                handle.send_at(i + 2, record)
+                if i % per_step == per_step - 1:
+                    handle.advance_to(i + 3)
+                    worker.step()
+            handle.close()
+            worker.step_until_done()
+            return (time.perf_counter() - start) / records * 1e6
         for i, record in enumerate(data):
             if i % sharing == 0:
                 t += 1
@@ -101,6 +119,11 @@ def measure(quick: bool) -> dict[str, Any]:
                     n //= 8 if per_step == 1 else 1  # the slowest configurations, shorter
                     samples.setdefault((name, sharing, per_step), []).append(
                         once(build, n, per_step, sharing))
+                if sharing == 1:
+                    for name, build in TIMED.items():
+                        n = records // (8 if per_step == 1 else 1)
+                        samples.setdefault((name, 1, per_step), []).append(
+                            once(build, n, per_step, 1, timed=True))
     rows = [{"variant": name, "sharing": sharing, "per_step": per_step,
              "us": statistics.median(v), "samples": v}
             for (name, sharing, per_step), v in samples.items()]
@@ -142,6 +165,26 @@ def report(data: dict[str, Any]) -> str:
             body.append(cells)
         lines += [table(["records per step", *[f"{n} µs" for n in VARIANTS]], body), "",
                   "In brackets: µs more (or less) than `pass-through`: what the mechanism adds.", ""]
+    if any(r["variant"].startswith("timed ") for r in rows):
+        body = []
+        for per_step in STEPS:
+            cells = [str(per_step)]
+            for name in MECHANISMS:
+                us = find(rows, f"timed {name}", 1, per_step)
+                cells.append(f"{us:.1f} ({us - find(rows, name, 1, per_step):+.1f})")
+            body.append(cells)
+        lines += ["## One timestamp per record, timed records", "",
+                  "The mechanisms on timed records (`InputHandle.send_at`: each record sent as "
+                  "`(time, record)` under the input's epoch, the input advanced past them once "
+                  "per step, so one message per step instead of one per timestamp); in "
+                  "brackets: the difference to the same mechanism above (a message per "
+                  "timestamp).", "",
+                  table(["records (= timestamps) per step",
+                         *[f"timed {n} µs" for n in MECHANISMS]], body), ""]
+        tt = find(rows, "timed tokens", 1, 256)
+        tn = find(rows, "timed notifications", 1, 256)
+        lines += [f"On timed records at 256 per step, notifications cost {tn / tt:.2f}× what "
+                  f"tokens cost ({tn:.1f} vs {tt:.1f} µs per timestamp).", ""]
     t1 = find(rows, "tokens", 1, 1)
     n1 = find(rows, "notifications", 1, 1)
     t256 = find(rows, "tokens", 1, 256)

@@ -11,9 +11,11 @@ output is still to come.
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -22,7 +24,7 @@ from tokenflow.dataflow.capability import Capability, CapabilityError
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary
-from tokenflow.dataflow.operators.timed import TimedBuffer, least_time, timed_key
+from tokenflow.dataflow.operators.timed import TimedBatches, TimedBuffer, least_time, timed_key
 from tokenflow.execute import execute
 
 pytestmark = pytest.mark.timeout(120)
@@ -162,3 +164,51 @@ def test_timed_buffer_orders_times_and_reports_new_ones() -> None:
     assert buf.pop_before(9) == [3, 5]
     assert buf.take(3) == ["y", "w"] and buf.take(5) == ["x", "z"]
     assert buf.least() == 9 and buf.pop_before(None) == [9]
+
+
+def test_timed_batches_hand_over_complete_rows_sorted_and_keep_the_rest() -> None:
+    rng = random.Random(7)
+    pending = TimedBatches()
+    rows: list[tuple[int, int]] = []  # (time, arrival), the oracle
+    taken: list[tuple[int, int]] = []
+    bound = 0
+    for step in range(30):
+        batch = [(bound + rng.randrange(0, 12), len(rows) + i) for i in range(rng.randrange(0, 6))]
+        rows += batch
+        if batch:
+            times, ids = zip(*batch, strict=True)
+            pending.add(pa.RecordBatch.from_arrays(
+                [pa.array(times, pa.int64()), pa.array(ids, pa.int64())], names=["time", "id"]))
+        assert pending.least() == min((t for t, _ in rows if (t, _) not in taken), default=None)
+        bound += rng.randrange(0, 4)
+        done = pending.take_before(bound if step < 29 else None)
+        want = sorted((r for r in rows if r not in taken and (step == 29 or r[0] < bound)),
+                      key=lambda r: r[0])  # stable: arrival order within a time
+        got = [] if done is None else list(zip(done.column("time").to_pylist(),
+                                               done.column("id").to_pylist(), strict=True))
+        assert got == want
+        taken += got
+    assert pending.least() is None and sorted(taken) == sorted(rows)
+
+
+def test_send_batch_at_refuses_rows_before_the_epoch() -> None:
+    def job(worker: Any) -> list[Any]:
+        seen: list[Any] = []
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            stream.inspect_batch(lambda t, b: seen.append((t, b.column("time").to_pylist())))
+            return handle
+
+        handle = worker.dataflow(dataflow)
+        handle.advance_to(5)
+        handle.send_batch_at(pa.RecordBatch.from_arrays([pa.array([9, 5], pa.int64())],
+                                                        names=["time"]))
+        with pytest.raises(CapabilityError):
+            handle.send_batch_at(pa.RecordBatch.from_arrays([pa.array([6, 4], pa.int64())],
+                                                            names=["time"]))
+        handle.close()
+        worker.step_until_done()
+        return seen
+
+    assert execute(job, workers=1) == [[(5, [9, 5])]]

@@ -34,6 +34,8 @@ from __future__ import annotations
 import weakref
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from tokenflow.dataflow.capability import Capability, CapabilityError
 from tokenflow.dataflow.operators.builder import (
     BATCH_SIZE,
@@ -280,6 +282,24 @@ class InputHandle:
                 f"input {self.name!r}: a timed record at {time!r} is earlier than the current "
                 f"epoch {at!r}")
         self.send((time, record))
+
+    def send_batch_at(self, batch: Any, column: str = "time") -> None:
+        """Send an Arrow ``RecordBatch`` of timed records at the current epoch: ``column``
+        (int64) holds each row's time, at or after the epoch (the columnar form of
+        ``send_at``; ``tokenflow.dataflow.operators.timed``).
+
+        Raises:
+            CapabilityError: a row's time is earlier than the current epoch, or the handle
+                cannot send (see ``send``).
+        """
+        if batch.num_rows:
+            least = int(np.min(batch.column(column).to_numpy()))
+            at = self._user_time
+            if not less_equal(at, least):
+                raise CapabilityError(
+                    f"input {self.name!r}: a timed row at {least!r} is earlier than the current "
+                    f"epoch {at!r}")
+        self.send_batch(batch)
 
     def send_batch(self, batch: Any) -> None:
         """Send a whole batch (``list`` or ``RecordBatch``) at the current epoch."""

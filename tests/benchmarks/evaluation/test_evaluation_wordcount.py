@@ -21,6 +21,10 @@ ROOT = str(Path(__file__).resolve().parents[3])
 if ROOT not in sys.path:  # the benchmarks are run from the repository root
     sys.path.insert(0, ROOT)
 
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+
+from benchmarks.evaluation import columnar  # noqa: E402
 from benchmarks.evaluation.harness import Abort, Histogram  # noqa: E402
 from benchmarks.evaluation.wordcount import (  # noqa: E402
     CHAIN_MECHANISMS,
@@ -111,6 +115,47 @@ def run_timed(build: Any, workers: int, epoch_every: int = 9) -> Counter[tuple[i
     return out
 
 
+def run_columnar(build: Any, workers: int, epoch_every: int = 9) -> Counter[tuple[int, str, int, int]]:
+    """The records as columnar timed records (Arrow rows ``(time, word id, offer)``, one
+    batch per epoch of ``epoch_every`` time units, rows out of time order)."""
+
+    def job(worker: Any) -> list[tuple[int, int, int, int]]:
+        got: list[tuple[int, int, int, int]] = []
+
+        def take(t: int, batch: Any) -> None:
+            if type(batch) is list:  # watermarks
+                return
+            assert min(batch.column("time").to_pylist(), default=t) >= t
+            got.extend(zip(*(batch.column(c).to_pylist()
+                             for c in ("time", "word", "count", "offer")), strict=True))
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            build(stream, Abort()).inspect_batch(take)
+            return handle
+
+        handle = worker.dataflow(dataflow)
+        times = sorted({t for t, _, _ in RECORDS})
+        for start in range(0, times[-1] + 1, epoch_every):
+            handle.advance_to(start)
+            rows = [(tt, WORDS.index(w), off) for i, (tt, w, off) in reversed(list(enumerate(RECORDS)))
+                    if start <= tt < start + epoch_every and i % worker.peers == worker.index]
+            if rows:
+                handle.send_batch_at(pa.RecordBatch.from_arrays(
+                    [pa.array(np.array(c, dtype=np.int64)) for c in zip(*rows, strict=True)],
+                    schema=columnar.INPUT))
+            worker.step()
+        handle.close()
+        worker.step_until_done()
+        return got
+
+    out: Counter[tuple[int, str, int, int]] = Counter()
+    for got in execute(job, workers=workers):
+        for t, w, c, off in got:
+            out[(t, WORDS[w], c, off)] += 1
+    return out
+
+
 def by_time_word(c: Counter[tuple[int, str, int, int]]) -> dict[tuple[int, str], Any]:
     groups: dict[tuple[int, str], tuple[list[int], list[int]]] = {}
     for (t, w, count, off), n in c.items():
@@ -129,6 +174,8 @@ def test_mechanisms_agree(workers: int) -> None:
         assert by_time_word(run(gated(name, 3), workers)) == want, f"gated {name}"
     for name, build in TIMED_MECHANISMS.items():
         assert by_time_word(run_timed(build, workers)) == want, f"timed {name}"
+    for name, build in columnar.MECHANISMS.items():
+        assert by_time_word(run_columnar(build, workers)) == want, f"columnar {name}"
 
 
 def test_histogram() -> None:
@@ -146,3 +193,9 @@ def test_histogram() -> None:
     h.since = 100
     h.record(200, 50)  # offered before ``since``: not counted
     assert h.count == len(values)
+    v = Histogram()  # the vectorized path bins exactly as the scalar one
+    many = [0, 3, 15, 16, 17, 31, 32, 33, 2**20 - 1, 2**20, 2**20 + 1, 12345678, 10**9, 2**40 - 1]
+    v.add_array(np.array(many + values, dtype=np.int64))
+    for x in many:
+        h.add(x)
+    assert v.counts == h.counts and v.max == h.max
