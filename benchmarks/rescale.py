@@ -144,10 +144,11 @@ def make_job(cfg: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
         batches = [[vocab[i] for i in share(cdf, worker.index, e, cfg["words"], cfg["salt"]).tolist()]
                    for e in range(epochs)]
         # The whole run's input, made up front, is millions of references in lists that
-        # Python's cyclic GC traversed at every full (generation 2) collection: 55-60 ms of
-        # CPU every few seconds on every worker, which a source reading its input as it goes
-        # does not pay.  Move it out of the collector's reach (the job's own objects are still
-        # collected); "gc_as_before" keeps the old behaviour for the comparison run.
+        # Python's cyclic GC traverses at every full (generation 2) collection, which a source
+        # reading its input as it goes does not pay: move it out of the collector's reach
+        # (the job's own objects are still collected).  The worker runtime also freezes what
+        # exists after its first step (tokenflow.cluster.FreezeAtStart), this input included;
+        # freezing here does not depend on that.  "gc_as_before": leave it to the runtime.
         if not cfg.get("gc_as_before"):
             gc.collect()
             gc.freeze()
@@ -788,9 +789,10 @@ def report(runs: dict[str, dict[str, Any]],
         "warm-up (`gc.callbacks`), how many and the longest; *steps >= "
         f"{LONG_STEP_MS:.0f} ms*: how many steps took that long, and in brackets how many of "
         "them had a full collection end inside them. The runs pre-generate their whole input "
-        "as Python lists of words (50 s of it: about 7.7 million references per worker), and "
+        "as Python lists of words (50 s of it: about 7 million references per worker), and "
         "`gc.freeze()` moves it out of the collector's reach once made; the reference *input "
-        "not frozen* runs as every run did before (each full collection traverses it).",
+        "not frozen by the benchmark* leaves that to the worker runtime, which freezes what "
+        "exists after a worker's first step (`FreezeAtStart`), this input included.",
         "",
         f"Send lag (a worker's send after its due time): p99 "
         f"{max(a['lag_p99'] for a in runs.values()):.1f} ms, max "
@@ -890,8 +892,8 @@ def main() -> None:
                 **cfg, "salt": 20}, None, args.dump),
             "state_machine, no rescaling": open_run("reference: state_machine", {
                 **cfg, "salt": 21, "operator": "state_machine"}, None, args.dump),
-            "megaphone_fold, no rescaling, input not frozen": open_run(
-                "reference: megaphone_fold, input not frozen", {
+            "megaphone_fold, no rescaling, input not frozen by the benchmark": open_run(
+                "reference: megaphone_fold, input not frozen by the benchmark", {
                     **cfg, "salt": 22, "gc_as_before": True}, None, args.dump)}
     text = report(runs, references, maxima, cfg, args, load, when)
     print(text)
