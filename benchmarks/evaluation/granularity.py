@@ -21,6 +21,8 @@ quanta and shorter runs (a smoke test, not for the record).
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +33,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 
 from benchmarks.evaluation import columnar  # noqa: E402
 from benchmarks.evaluation.harness import (  # noqa: E402
+    RESULTS,
     RETRY_NOTE,
     Load,
     cell,
@@ -63,6 +66,35 @@ that sustains the top rate has a lower bound there)."""
 FINEST = 2**10
 
 
+LADDERS_ONLY = "--ladders"
+"""Command-line flag: measure the three ladders only and keep the quantum sweep of the saved
+``evaluation_granularity.json`` (its own header is kept with it, as ``sweep_machine``)."""
+
+
+def ladders(quick: bool) -> dict[str, Any]:
+    """The ladders of ``sweep`` only; the quantum sweep comes from the saved results."""
+    started = machine()
+    duration = 1.5 if quick else 2.0
+    old = json.loads((RESULTS / "evaluation_granularity.json").read_text())
+    data = measure_ladders(quick, duration)
+    data.update(machine=started, load_end=load_end(), quick=quick, loads=old["loads"],
+                quanta=old["quanta"], rows=old["rows"], duration=duration,
+                sweep_machine=old.get("sweep_machine", old["machine"]),
+                sweep_load_end=old.get("sweep_load_end", old.get("load_end")))
+    return data
+
+
+def measure_ladders(quick: bool, duration: float) -> dict[str, Any]:
+    """The three one-timestamp-per-record ladders (see the module notes)."""
+    return {
+        "ladder": run_ladder(LADDER[1:6:2] if quick else LADDER, duration),
+        "timed_ladder": run_ladder(TIMED_LADDER[:6:2] if quick else TIMED_LADDER, duration,
+                                   "timed"),
+        "columnar_ladder": run_ladder(COLUMNAR_LADDER[:9:4] if quick else COLUMNAR_LADDER,
+                                      duration, "columnar"),
+    }
+
+
 def sweep(quick: bool) -> dict[str, Any]:
     started = machine()
     quanta = [2**k for k in ((10, 16, 22) if quick else range(10, 25, 2))]
@@ -79,12 +111,10 @@ def sweep(quick: bool) -> dict[str, Any]:
                     f"p50 {fmt_ms(row['p50']):>6} p99.9 {fmt_ms(row['p999']):>6} "
                     f"max {fmt_ms(row['max']):>6} cpu/rec {row['cpu_us']:.1f} µs "
                     f"{row['dnf'] or ''}")
-    ladder = run_ladder(LADDER[1:6:2] if quick else LADDER, duration)
-    timed = run_ladder(TIMED_LADDER[:6:2] if quick else TIMED_LADDER, duration, "timed")
-    col = run_ladder(COLUMNAR_LADDER[:9:4] if quick else COLUMNAR_LADDER, duration, "columnar")
-    return {"machine": started, "load_end": load_end(), "quick": quick, "loads": [LOW, HIGH],
-            "quanta": quanta, "rows": rows, "ladder": ladder, "timed_ladder": timed,
-            "columnar_ladder": col, "duration": duration}
+    data = {"machine": started, "load_end": load_end(), "quick": quick, "loads": [LOW, HIGH],
+            "quanta": quanta, "rows": rows, "duration": duration}
+    data.update(measure_ladders(quick, duration))
+    return data
 
 
 def run_ladder(rates: list[int], duration: float, path: str = "message") -> list[dict[str, Any]]:
@@ -132,7 +162,12 @@ def ladder_summary(ladder: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
 
 def report(data: dict[str, Any]) -> str:
     rows, quanta = data["rows"], data["quanta"]
-    lines = ["# Evaluation, Fig. 6: timestamp granularity", "", header(data), "",
+    lines = ["# Evaluation, Fig. 6: timestamp granularity", "", header(data), ""]
+    if "sweep_machine" in data:
+        lines += ["**The quantum sweep below comes from an earlier run** (the ladders only were "
+                  "measured in the run above, `granularity.py --ladders`): " + header(
+                      {"machine": data["sweep_machine"], "load_end": data["sweep_load_end"]}), ""]
+    lines += [
              "The rolling word count (one stateful operator; an output per input word), one "
              "worker (`thread` runtime), input offered open-loop at a fixed rate; timestamps are "
              "offer times rounded down to the quantum; latency per record from its offer time "
@@ -245,6 +280,10 @@ def plot(data: dict[str, Any], path: Path) -> None:
 
 
 def main() -> None:
+    if LADDERS_ONLY in sys.argv:
+        sys.argv.remove(LADDERS_ONLY)
+        run_script("evaluation_granularity", __doc__, ladders, report, plot)
+        return
     run_script("evaluation_granularity", __doc__, sweep, report, plot)
 
 
