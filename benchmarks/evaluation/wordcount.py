@@ -156,7 +156,9 @@ def tokens(stream: Stream, abort: Abort, name: str = "CountTokens") -> Stream:
     return unary(stream, Exchange(key=word), name, constructor, notify=True)
 
 
-def _abandon(input: OperatorInput, buf: Buffer, holder: list[Capability | None]) -> None:
+def _abandon(input: OperatorInput, buf: Buffer | TimedBuffer,
+             holder: list[Capability | None]) -> None:
+    """An aborted run (DNF): drain the input, drop what is buffered and the token held."""
     for _ref, _batch in input:
         pass
     buf.clear()
@@ -319,7 +321,7 @@ def timed_tokens(stream: Stream, abort: Abort, name: str = "CountTokensTimed") -
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             if abort:
-                _abandon_timed(input, buf, holder)
+                _abandon(input, buf, holder)
                 return
             for ref, batch in input:
                 buf.add(batch)
@@ -351,15 +353,6 @@ def timed_tokens(stream: Stream, abort: Abort, name: str = "CountTokensTimed") -
     return unary(stream, Exchange(key=timed_word), name, constructor, notify=True)
 
 
-def _abandon_timed(input: OperatorInput, buf: TimedBuffer, holder: list[Capability | None]) -> None:
-    for _ref, _batch in input:
-        pass
-    buf.clear()
-    if holder[0] is not None:
-        holder[0].drop()
-        holder[0] = None
-
-
 def timed_notifications(stream: Stream, abort: Abort, name: str = "CountNotifyTimed") -> Stream:
     """The rolling count on timed records with a notification (a token, ``ref.delayed(t)``)
     per distinct buffered time, each delivered and sent separately."""
@@ -375,7 +368,7 @@ def timed_notifications(stream: Stream, abort: Abort, name: str = "CountNotifyTi
             if notificator is None:
                 notificator = box[0] = FrontierNotificator([input.frontier])
             if abort:
-                _abandon_timed(input, buf, [None])
+                _abandon(input, buf, [None])
                 _abandon_notificator(notificator)
                 return
             for ref, batch in input:
@@ -415,7 +408,7 @@ def timed_watermarks(stream: Stream, abort: Abort, name: str = "CountWatermarksT
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             if abort:
-                _abandon_timed(input, buf, holder)
+                _abandon(input, buf, holder)
                 return
             advanced = False
             for _ref, batch in input:
