@@ -144,16 +144,24 @@ def tokens(stream: Stream, abort: Abort, name: str = "CountTokens") -> Stream:
                 if abort:
                     return
                 output.give_batch(held, buf.count(t), time=t)
-            least = buf.least()
-            if least is None:
-                held.drop()
-                holder[0] = None
-            elif least > held.time:
-                held.downgrade(least)
+            _follow_least(holder, buf.least())
 
         return logic
 
     return unary(stream, Exchange(key=word), name, constructor, notify=True)
+
+
+def _follow_least(holder: list[Capability | None], least: int | None) -> None:
+    """Keep the held token at the least buffered time: drop it when nothing is buffered,
+    downgrade it when the least time moved on."""
+    held = holder[0]
+    if held is None:
+        return
+    if least is None:
+        held.drop()
+        holder[0] = None
+    elif least > held.time:
+        held.downgrade(least)
 
 
 def _abandon(input: OperatorInput, buf: Buffer | TimedBuffer,
@@ -341,12 +349,7 @@ def timed_tokens(stream: Stream, abort: Abort, name: str = "CountTokensTimed") -
                 return
             if out:
                 output.give_batch(held, out)
-            least = buf.least()
-            if least is None:
-                held.drop()
-                holder[0] = None
-            elif least > held.time:
-                held.downgrade(least)
+            _follow_least(holder, buf.least())
 
         return logic
 
@@ -595,12 +598,7 @@ def _gated_tokens(data: Stream, gate: Stream, abort: Abort) -> Stream:
                 if abort:
                     return
                 output.give_batch(held, buf.count(t), time=t)
-            least = buf.least()
-            if least is None:
-                held.drop()
-                holder[0] = None
-            elif least > held.time:
-                held.downgrade(least)
+            _follow_least(holder, buf.least())
 
         return logic
 
