@@ -387,6 +387,10 @@ class ControlAgent:
             from tokenflow.rescale.megaphone import ROUTING_META
 
             meta[ROUTING_META] = {r.key: r.table_at(epoch).to_json() for r in rescalers if r.key}
+            if previous is not None:  # later checkpoints are at epochs after the committed one
+                for r in rescalers:
+                    if r.keep_from is not None:
+                        r.keep_from = max(r.keep_from, int(previous))
         index, bins = worker.index, worker.routing.bins
         round_ = self.round
         since = self._stalled_since

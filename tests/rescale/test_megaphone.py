@@ -206,3 +206,90 @@ def test_moves_on_spark(spark: Any) -> None:
     assert outputs(results) == oracle()
     assert sum(s.bins for r in results for s in r["moved"]) == sum(
         int((a.owners != b.owners).sum()) for a, b in zip(ts, ts[1:], strict=False))
+
+
+def test_spread_steps_are_one_data_time_step_apart_not_the_first_jump() -> None:
+    """With ``spread``, a change's steps are one data time step apart: the least move of the
+    data frontier after its first, which leaves the initial time for the data's first epoch
+    (a restored NEXMark job's frontier jumps 0 -> 1.4e12 ms; taken as a step, a change's
+    steps landed after the end of the data).  Before any real step is seen: consecutive."""
+    from tokenflow.rescale.megaphone import control_stream
+
+    start = 1_436_918_400_000
+
+    def run(worker: Any) -> list[list[int]]:
+        frontier = [0]
+        table = tables()[0]
+
+        def build(scope: Any) -> Any:
+            return control_stream(scope, table, lambda: list(frontier), spread=True)[1]
+
+        controller = worker.dataflow(build)
+        controller.activate()
+        worker.step()  # the source sees the initial time
+        changes = []
+        for times, roster in (([start], [0, 1, 2]), ([start + 500, start + 1000], [0, 1, 2, 3])):
+            for t in times:
+                frontier[:] = [t]
+                controller.activate()
+                worker.step()
+            before = len(controller.issued)
+            controller.rescale(controller.table.rebalanced(roster), "fluid")
+            worker.step()
+            changes.append([t for t, _ in controller.issued[before:]])
+        frontier[:] = []
+        controller.activate()
+        worker.step_until_done()
+        return changes
+
+    first, second = execute(run, workers=1, runtime="thread")[0]
+    assert len(first) > 1 and len(second) > 1
+    assert first[0] == start + 1 and np.diff(first).tolist() == [1] * (len(first) - 1)
+    assert second[0] > first[-1] and np.diff(second).tolist() == [500] * (len(second) - 1)
+
+
+def test_checkpointed_router_keeps_the_table_of_an_epoch_its_data_passed() -> None:
+    """A checkpoint captured at epoch ``e`` after the data frontier passed later steps asks
+    ``table_at(e)``: with ``keep_from`` at or below ``e`` (a checkpointed job's), the router
+    still has the table in effect at ``e``; versions before ``keep_from`` are dropped."""
+    ts = tables()
+
+    def run(worker: Any) -> list[Any]:
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
+                                    initial=ts[0])
+            return inp, handle, handle.stream.probe()
+
+        inp, handle, probe = worker.dataflow(build)
+        controller = handle.controller
+        controller.keep_from = 0
+        for e in range(30):  # every worker's data frontier passes e before any goes on
+            if worker.index == 0 and e in (5, 10):
+                controller.rescale(ts[1] if e == 5 else ts[2], "all-at-once")
+            inp.send(f"w{e}")
+            inp.advance_to(e + 1)
+            while probe.less_than(e + 1):
+                worker.step()
+        tables_seen = [controller.table_at(e).owners.tolist() for e in (3, 7, 25)]
+        controller.keep_from = 20
+        inp.advance_to(31)
+        while probe.less_than(31):
+            worker.step()
+        try:
+            controller.table_at(3)
+            dropped = False
+        except AssertionError:
+            dropped = True
+        inp.close()
+        worker.step_until_done()
+        return [tables_seen, dropped, controller.table_at(25).owners.tolist(),
+                [t for t, _ in controller.issued]]
+
+    results = execute(run, workers=WORKERS, runtime="thread")
+    first, second = results[0][3]  # the two steps, on worker 0: epochs 3, 7, 25 around them
+    assert 3 < first <= 7 < second <= 20
+    for seen, dropped, later, _ in results:
+        assert seen == [ts[0].owners.tolist(), ts[1].owners.tolist(), ts[2].owners.tolist()]
+        assert dropped and later == ts[2].owners.tolist()

@@ -402,6 +402,11 @@ class Controller:
         ``e`` (a move at a time ``<= e`` not sent yet), or None."""
         self.table_at: Callable[[int], RoutingTable] = lambda epoch: self.table
         """``table_at(e)``: the routing table this worker's router has in effect at time ``e``."""
+        self.keep_from: int | None = None
+        """In a checkpointed or restored job, the least epoch a checkpoint may still ask
+        ``table_at`` for (the restored epoch, then the last committed checkpoint's, which the
+        control plane sets at each capture): the router keeps the table versions in effect
+        from it on even once its data frontier has passed them.  None: no checkpoint asks."""
 
     def rescale(self, table: RoutingTable, strategy: str = "batched",
                 batch_bins: int | None = None) -> int:
@@ -460,7 +465,10 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
     frontier; ``[]`` when the data is done) and sends each requested step at its own time:
     at consecutive times, or with ``spread`` one *data time step* apart (the least move of the data
     frontier it saw, 1 before any: 1 for consecutive integer epochs, 100 for NEXMark's 100 ms
-    epochs), so each falls between two epochs of data.
+    epochs), so each falls between two epochs of data.  The frontier's first move is not a
+    step: it leaves the dataflow's initial time (0, or a time before a restored epoch) for the
+    data's first epoch, and taken as one it put a change's steps 1.4e12 ms (NEXMark's epoch
+    times) apart, after the end of the data.
 
     At consecutive integer times a fluid change's 85 steps all fell between two NEXMark
     epochs and ran back to back, each a pass over its senders' state and a progress exchange,
@@ -481,6 +489,7 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
         held = [cap]
         seen: list[Any] = []
         stride: list[Any] = [None]
+        moves = [0]
 
         def logic(output: Any) -> None:
             if not held:
@@ -489,8 +498,10 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
             frontier = follow()
             if frontier:  # the data's time step: the least move of the data frontier seen
                 if seen and min(frontier) > seen[0]:
-                    move = min(frontier) - seen[0]
-                    stride[0] = move if stride[0] is None else min(stride[0], move)
+                    moves[0] += 1
+                    if moves[0] > 1:  # the first is from the dataflow's initial time (0, or
+                        move = min(frontier) - seen[0]  # before a restored epoch): no step
+                        stride[0] = move if stride[0] is None else min(stride[0], move)
                 seen[:] = [min(frontier)]
             if controller._steps:
                 base = max(token.time, controller.floor,
@@ -792,6 +803,9 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     table = controller.table = restored_table(worker, controller.key, table, scope.peers)
     if getattr(worker, "restore", None) is not None:
         controller.floor = int(worker.restore.epoch)
+    if getattr(worker, "restore", None) is not None or \
+            getattr(worker, "input_log", None) is not None:
+        controller.keep_from = controller.floor  # checkpoints ask ``table_at`` (epochs >= it)
 
     def constructor(caps: list[Any]) -> Any:
         for cap in caps:
@@ -908,8 +922,11 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             if now != data_frontier[0]:
                 data_frontier[0] = now
                 controller.activate()  # the control source follows the data frontier
-            # versions no record can use any more: none may still arrive, none waits here
+            # versions no record can use any more (none may still arrive, none waits here)
+            # and no checkpoint's ``table_at`` may ask for
             low = min([*now, *(t for _, t in waiting)], default=None)
+            if low is not None and controller.keep_from is not None:
+                low = min(low, controller.keep_from)
             if low is not None and len(versions) > 1:
                 keep = bisect.bisect_right(versions, low, key=lambda v: v[0]) - 1
                 if keep > 0:
