@@ -629,3 +629,48 @@ def test_a_reporter_refuses_a_coordinator_without_the_token(caplog: pytest.LogCa
     impostor.close()
     assert reporter.sock is None and "failed the token check" in caplog.text
     assert b"records_in" not in got and token.encode() not in got
+
+
+# -- the Spark tasks' address exchange ----------------------------------------------------------
+
+
+def test_workers_exchange_their_addresses_through_the_coordinator(caplog: pytest.LogCaptureFixture) -> None:
+    """Each worker gets every worker's ``(host, port)`` in worker order, whatever order they
+    sent theirs in; a second set for the same job (a re-attempted stage) is answered too; a
+    malformed address is refused with its reason and the connection goes on."""
+    coordinator = Coordinator()
+    done = threading.Event()
+    server = threading.Thread(target=coordinator.gather_addresses,
+                              args=("job-a", 3, done.is_set), daemon=True)
+    server.start()
+    reporters = [Reporter(coordinator.endpoint) for _ in range(3)]
+    try:
+        with caplog.at_level(logging.WARNING, logger="tokenflow.coordinator"):
+            reporters[0].send({"kind": "mesh_address", "worker": 0, "job": "job-a", "host": "h0",
+                               "port": 0})
+            assert wait_until(lambda: coordinator.refused == 1, 10)
+        assert "'port' must be a port number" in caplog.text
+        for attempt in range(2):
+            got: dict[int, Any] = {}
+
+            def exchange(i: int, attempt: int = attempt, got: dict[int, Any] = got) -> None:
+                got[i] = reporters[i].exchange_addresses(i, "job-a", f"h{i}", 1000 * attempt + i + 1,
+                                                         timeout=30)
+
+            threads = [threading.Thread(target=exchange, args=(i,)) for i in (2, 0, 1)]
+            for t in threads:
+                t.start()
+                time.sleep(0.05)
+            for t in threads:
+                t.join(30)
+            expected = [(f"h{i}", 1000 * attempt + i + 1) for i in range(3)]
+            assert got == {0: expected, 1: expected, 2: expected}
+        with pytest.raises(TimeoutError, match="no peer addresses"):
+            reporters[0].exchange_addresses(0, "job-b", "h0", 1, timeout=0.3)  # nobody serves job-b
+    finally:
+        done.set()
+        server.join(5)
+        for r in reporters:
+            r.close()
+        coordinator.close()
+    assert not server.is_alive()

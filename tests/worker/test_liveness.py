@@ -255,8 +255,13 @@ def test_stage_error_takes_the_worker_and_the_last_python_line() -> None:
 @pytest.mark.spark
 def test_spark_timeout_and_too_few_slots(spark: Any) -> None:
     start = time.monotonic()
+    def endless(worker: Worker) -> None:  # by value: Spark's workers cannot import this module
+        while True:
+            worker.step()
+            time.sleep(0.01)
+
     with pytest.raises(JobTimeoutError, match="timed out after 1 s"):
-        execute(never_ending, workers=2, runtime="spark", spark=spark, timeout=1)
+        execute(endless, workers=2, runtime="spark", spark=spark, timeout=1)
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match=r"5 workers need 5 task slots .*local\[4\] has 4"):
         execute(lambda w: None, workers=5, runtime="spark", spark=spark)

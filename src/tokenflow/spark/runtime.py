@@ -42,6 +42,9 @@ from tokenflow.spark import session as spark_session
 
 TAG = "__tf_input"
 RESULT_SCHEMA = "worker int, ok boolean, payload binary"
+ADDRESS_TIMEOUT = 600.0
+"""Seconds a task waits for its peers' mesh addresses (all of a barrier stage's tasks start
+together, so they normally arrive within milliseconds)."""
 
 
 def _prefix(k: int) -> str:
@@ -92,7 +95,10 @@ def _make_task(payload: bytes, secret: bytes, job: str, workers: int,
             port = listener.getsockname()[1]
             roster: list[int] | None = list(range(workers)) if elastic else None
             addresses: list[Any] = [None] * slots
-            if joiner is None:
+            if joiner is None and beats is not None:  # through the job's coordinator
+                gathered = beats.exchange_addresses(index, job, host, port, ADDRESS_TIMEOUT)
+                addresses[:len(gathered)] = gathered
+            elif joiner is None:  # no coordinator (heartbeat_timeout=None): Spark's barrier
                 for item in ctx.allGather(json.dumps([index, host, port])):
                     i, h, p = json.loads(item)
                     addresses[i] = (h, p)
@@ -398,6 +404,10 @@ def execute_runtime(fn: Callable[[Any], Any], workers: int, master: str | None =
         control_hub.launch = launch
     start = time.perf_counter()
     running.set()
+    if watched is not None:  # the tasks' mesh addresses (see ``Coordinator.gather_addresses``)
+        threading.Thread(target=watched.gather_addresses,
+                         args=(job, workers, lambda: not running.is_set()), daemon=True,
+                         name="tokenflow-spark-addresses").start()
     try:
         with _job_group(sc, job, f"tokenflow: {workers} workers"), _quiet_task_logs(sc, local):
             monitor.start()
