@@ -1,9 +1,10 @@
 """The ``spark`` runtime: workers as one PySpark barrier stage.
 
 Source: docs/ARCHITECTURE.md ("Execution model": the driver starts a SparkSession and launches the W workers
-as one barrier stage; each task opens a listening socket, exchanges addresses with
-``BarrierTaskContext.allGather``, authenticates its peers and forms the TCP mesh, builds the
-dataflow and runs it).  The stage runs over the job's input DataFrames (if any), so worker ``i``
+as one barrier stage; each task opens a listening socket, exchanges addresses through the
+job's coordinator (``Coordinator.gather_addresses``; ``BarrierTaskContext.allGather`` without
+one: it answers only after a 1 s poll in all tasks but the last), authenticates its peers and
+forms the TCP mesh, builds the dataflow and runs it).  The stage runs over the job's input DataFrames (if any), so worker ``i``
 reads Spark partition ``i`` as Arrow batches (``mapInArrow(..., barrier=True)``); each task
 returns its worker's cloudpickled result.
 
