@@ -195,8 +195,8 @@ def workers_of(driver: int, runtime: str) -> list[int]:
             parent = " ".join(p.parent().cmdline()) if p.parent() else ""
         except psutil.Error:
             continue
-        if runtime == "process" and "spawn_main" in cmd:
-            out.append(p.pid)
+        if runtime == "process" and ("spawn_main" in cmd or "multiprocessing.forkserver" in parent):
+            out.append(p.pid)  # spawned, or forked by the runtime's forkserver (its children)
         elif runtime == "spark" and "pyspark.daemon" in parent and "pyspark.daemon" in cmd:
             out.append(p.pid)
     return out
