@@ -242,7 +242,7 @@ def report(trials: list[Trial], args: argparse.Namespace, seconds: float, load: 
              f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M} UTC.  Machine: {platform.platform()}, "
              f"`os.cpu_count()` = {os.cpu_count()} (shared with other benchmarks).  Commit: "
              f"`{git_commit()}` (plus the working tree of this run).  Load average (1, 5, 15 "
-             f"min): {load}.  Run under `nice -n 19`.", "",
+             f"min): {load}.  Niceness of the run: {os.nice(0)}.", "",
              f"{len(trials)} trials in {seconds / 60:.1f} min; {WORKERS} worker processes "
              f"(process runtime), bins on workers 0-1 at the start, rescale schedule 2 -> 3 -> 4 "
              f"-> 3 -> 2 at random seconds, random strategy, checkpoints every "
