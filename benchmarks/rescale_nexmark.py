@@ -408,8 +408,8 @@ def join_report(rows: list[dict[str, Any]], header: dict[str, Any]) -> str:
         "## Worker processes joining and leaving: q4, q5, q8 and a running word count",
         "",
         f"Run {header['when']} on {header['machine']} (load average {header['load']} at the "
-        f"start, {header.get('load_end', '?')} at the end; the batch ran under `nice -n 19` "
-        f"next to other measurements), `benchmarks/rescale_nexmark.py --join --schedules {n}`. "
+        f"start, {header.get('load_end', '?')} at the end; niceness "
+        f"{header.get('nice', '?')}), `benchmarks/rescale_nexmark.py --join --schedules {n}`. "
         + header["provenance"],
         "",
         "The job starts 2 workers (process runtime: processes; Spark `local[4]`: barrier "
@@ -592,7 +592,7 @@ def main() -> None:
     header: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "provenance": provenance(), "machine": f"{os.cpu_count()} cores",
-        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg())}
+        "load": " / ".join(f"{x:.1f}" for x in os.getloadavg()), "nice": os.nice(0)}
     if args.join:
         run_join(args, header)
         return
