@@ -4,9 +4,9 @@ Source: docs/ARCHITECTURE.md ("Execution model": the driver starts a SparkSessio
 as one barrier stage; each task opens a listening socket, exchanges addresses through the
 job's coordinator (``Coordinator.gather_addresses``; ``BarrierTaskContext.allGather`` without
 one: it answers only after a 1 s poll in all tasks but the last), authenticates its peers and
-forms the TCP mesh, builds the dataflow and runs it).  The stage runs over the job's input DataFrames (if any), so worker ``i``
-reads Spark partition ``i`` as Arrow batches (``mapInArrow(..., barrier=True)``); each task
-returns its worker's cloudpickled result.
+forms the TCP mesh, builds the dataflow and runs it).  The stage runs over the job's input
+DataFrames (if any), so worker ``i`` reads Spark partition ``i`` as Arrow batches
+(``mapInArrow(..., barrier=True)``); each task returns its worker's cloudpickled result.
 
 Liveness: every task sends heartbeats to a driver-side ``Coordinator`` (the one serving
 ``report_to`` if it lives in this process, else one the runtime opens) from the moment it
