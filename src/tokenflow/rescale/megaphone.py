@@ -36,8 +36,10 @@ no move is in flight.  The worker's part
 records that table (``Controller.table_at(e)``, ``ROUTING_META``); a restored operator starts
 from it (rebalanced onto the restored worker count when that differs) with no step pending,
 loads the bins it owns there and re-mints tokens for its stashed times; it sends no step at
-a time below ``e`` (``Controller.floor``).  Jobs whose workers
-join and leave (``tokenflow.membership``) are not checkpointed.
+a time below ``e`` (``Controller.floor``).  The router keeps the table versions in effect
+from the last committed checkpoint's epoch on (``Controller.keep_from``), so the next
+checkpoint finds its table even once the data frontier has passed later steps.  Jobs whose
+workers join and leave (``tokenflow.membership``) are not checkpointed.
 
 Times: ``int`` (control times are ``data frontier + lead``, consecutive per step).  Records:
 ``list`` batches.
