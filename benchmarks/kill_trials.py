@@ -327,6 +327,10 @@ def reference_run(workload: str, runtime: str, base: dict[str, Any], work: Path)
     return committed(work / "out"), time.monotonic() - began
 
 
+NOT_FIRED = ("the job ended before the fault", "the crash point was not reached")
+"""How a trial whose fault never fired ends its ``detail``."""
+
+
 def report(trials: list[Trial], args: argparse.Namespace, seconds: float) -> str:
     lines = ["# Kill and corruption trials", "",
              f"{datetime.now(UTC):%Y-%m-%d %H:%M} UTC.  Machine: {platform.platform()}, "
@@ -336,16 +340,21 @@ def report(trials: list[Trial], args: argparse.Namespace, seconds: float) -> str
              "docstring of `benchmarks/kill_trials.py`.", "",
              "Regenerate: `.venv/bin/python benchmarks/kill_trials.py`", ""]
     ok = sum(t.identical for t in trials)
-    lines += [f"**{ok} of {len(trials)} trials produced output identical to the failure-free run.**", ""]
-    lines += ["## By fault and runtime", "", "| fault | runtime | trials | identical | recovered in "
-              "(s, median / max) |", "|---|---|---:|---:|---|"]
+    fired = [t for t in trials if not t.detail.startswith(NOT_FIRED)]
+    lines += [f"**{ok} of {len(trials)} trials produced output identical to the failure-free run; "
+              f"the fault fired in {len(fired)} of them, {sum(t.identical for t in fired)} of "
+              f"which identical** (a trial whose fault never fired tests nothing).", ""]
+    lines += ["## By fault and runtime", "", "| fault | runtime | trials | fault fired | identical | "
+              "recovered in (s, median / max) |", "|---|---|---:|---:|---:|---|"]
     groups: dict[tuple[str, str], list[Trial]] = {}
     for t in trials:
         groups.setdefault((t.fault, t.runtime), []).append(t)
     for (fault, runtime), group in sorted(groups.items()):
         times = [t.recovered_in for t in group if t.recovered_in is not None]
         rec = f"{np.median(times):.2f} / {max(times):.2f}" if times else "-"
-        lines.append(f"| {fault} | {runtime} | {len(group)} | {sum(t.identical for t in group)} | {rec} |")
+        went = sum(not t.detail.startswith(NOT_FIRED) for t in group)
+        lines.append(f"| {fault} | {runtime} | {len(group)} | {went} | "
+                     f"{sum(t.identical for t in group)} | {rec} |")
     lines += ["", "*recovered in*: from the SIGKILL to the next epoch committed by the sink "
               "(worker and driver kills; a driver kill includes starting a new driver).", "",
               "## Every trial", "", "| # | workload | runtime | fault | at (s) | failures seen | "
