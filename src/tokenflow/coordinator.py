@@ -715,7 +715,6 @@ class Coordinator:
         with self._lock:
             self._addresses.pop(job, None)
 
-
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send a command (a map with a ``"kind"``) to ``worker``, sealed.
 

@@ -114,16 +114,22 @@ def test_sigstopped_worker_is_named_and_the_others_end(tmp_path: Path) -> None:
     check_stall(info, tmp_path, 3)
 
 
-def never_ending(worker: Worker) -> None:
-    while True:
-        worker.step()
-        time.sleep(0.01)
+def never_ending() -> Callable[[Worker], None]:
+    """A worker function that never returns (a closure: pickled by value, so Spark's workers,
+    which cannot import this module, run it too)."""
+
+    def run(worker: Worker) -> None:
+        while True:
+            worker.step()
+            time.sleep(0.01)
+
+    return run
 
 
 def test_process_timeout_ends_a_never_ending_job() -> None:
     start = time.monotonic()
     with pytest.raises(JobTimeoutError, match=r"timed out after 1 s") as info:
-        execute(never_ending, workers=2, runtime="process", timeout=1)
+        execute(never_ending(), workers=2, runtime="process", timeout=1)
     assert isinstance(info.value, TimeoutError) and info.value.worker == -1
     assert time.monotonic() - start < 6  # 1 s, plus spawning and ending two processes
 
@@ -255,13 +261,8 @@ def test_stage_error_takes_the_worker_and_the_last_python_line() -> None:
 @pytest.mark.spark
 def test_spark_timeout_and_too_few_slots(spark: Any) -> None:
     start = time.monotonic()
-    def endless(worker: Worker) -> None:  # by value: Spark's workers cannot import this module
-        while True:
-            worker.step()
-            time.sleep(0.01)
-
     with pytest.raises(JobTimeoutError, match="timed out after 1 s"):
-        execute(endless, workers=2, runtime="spark", spark=spark, timeout=1)
+        execute(never_ending(), workers=2, runtime="spark", spark=spark, timeout=1)
     assert time.monotonic() - start < 10
     with pytest.raises(ValueError, match=r"5 workers need 5 task slots .*local\[4\] has 4"):
         execute(lambda w: None, workers=5, runtime="spark", spark=spark)

@@ -662,6 +662,12 @@ Splitter = Callable[[Any, np.ndarray], Iterable[tuple[int, Any]]]
 bin (``owners``: worker per bin, the routing table version in effect at the batch's time)."""
 
 
+def _checkpointed(worker: Any) -> bool:
+    """The worker takes checkpoints (it has an input log) or restores one."""
+    return getattr(worker, "input_log", None) is not None or \
+        getattr(worker, "restore", None) is not None
+
+
 def checkpointable(worker: Any, name: str) -> None:
     """Refuse a migrating operator in a checkpointed or restored job whose workers may join or
     leave (``tokenflow.membership``): its roster and slots are not part of a checkpoint.
@@ -669,8 +675,7 @@ def checkpointable(worker: Any, name: str) -> None:
     Raises:
         NotImplementedError: the job has free worker slots and takes checkpoints or restores.
     """
-    if getattr(worker, "elastic", False) and (getattr(worker, "input_log", None) is not None
-                                              or getattr(worker, "restore", None) is not None):
+    if getattr(worker, "elastic", False) and _checkpointed(worker):
         raise NotImplementedError(
             f"{name}: a job whose workers join and leave (worker slots beyond its workers) is "
             f"not checkpointed: the roster and the joined workers' progress state are not part "
@@ -805,8 +810,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     table = controller.table = restored_table(worker, controller.key, table, scope.peers)
     if getattr(worker, "restore", None) is not None:
         controller.floor = int(worker.restore.epoch)
-    if getattr(worker, "restore", None) is not None or \
-            getattr(worker, "input_log", None) is not None:
+    if _checkpointed(worker):
         controller.keep_from = controller.floor  # checkpoints ask ``table_at`` (epochs >= it)
 
     def constructor(caps: list[Any]) -> Any:
