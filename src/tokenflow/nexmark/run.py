@@ -230,10 +230,15 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             running job and leave it (``tokenflow.membership``) instead of changing the roster
             among the ``workers`` it started with; the sources stay on the first ``workers``.
         pace: offered load in events per wall-clock second (open loop): each source worker
-            sends epoch ``(t, first, end)`` of ``epoch_plan`` no earlier than ``first / pace``
-            seconds after it began sending (its own clock), parking in between; ``lag`` still
-            bounds the epochs in flight (raise it to keep the load open-loop).  Default None:
-            as fast as ``lag`` allows.  Generated events only (not with ``input``).
+            sends the first epoch at once and epoch ``(t, first, end)`` of ``epoch_plan`` no
+            earlier than ``first / pace`` seconds after the first epoch passed its probe,
+            parking in between; ``lag`` still bounds the epochs in flight (raise it to keep the
+            load open-loop).  The first epoch passing is one moment for all workers (within a
+            progress message), so they offer each epoch together, as input arriving on a
+            schedule would; paced from each worker's own start, workers that started some ms
+            apart offered every epoch that far apart, and an epoch's latency then depended on
+            how that offset fell against the others' work.  Default None: as fast as ``lag``
+            allows.  Generated events only (not with ``input``).
         move_sources: with ``max_workers``, a joining worker also reads a share of the
             source's remaining splits from a logical time on and a leaving one hands its
             share away (``JobHandle.move_sources``, ``tokenflow.resplit``); without, the
@@ -310,7 +315,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
     epoch_list = [t for t, _, _ in plan]
     offsets = [first / pace for _, first, _ in plan] if pace is not None else None
-    """Seconds after a worker's start before which it does not send each epoch (``pace``)."""
+    """Seconds after the first epoch passed before which a worker does not send each later
+    epoch (``pace``)."""
 
     def job(worker: Any) -> dict[str, Any]:
         from tokenflow.io.parquet import to_parquet
@@ -357,7 +363,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
 
         triggers = sorted(rescale_at) if worker.index == 0 else []
         start = time.time()
-        due = 0  # with ``pace``: epochs of ``epoch_list`` whose time to be sent has come
+        due = 1  # with ``pace``: epochs of ``epoch_list`` whose time to be sent has come
+        paced_from: float | None = None  # with ``pace``: when the first epoch passed
         while True:
             frontiers = [h.frontier for h in handles if h.frontier is not None]
             least = min(frontiers) if frontiers else None
@@ -378,11 +385,15 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             ahead = done_passing + lag
             park = 0.01
             if offsets is not None:
-                while due < len(offsets) and start + offsets[due] <= now:
+                if paced_from is None and done_passing:
+                    paced_from = passed[epoch_list[0]]
+                while paced_from is not None and due < len(offsets) \
+                        and paced_from + offsets[due] <= now:
                     due += 1
                 ahead = min(ahead, due)
-                if due < len(offsets):  # park no longer than until the next epoch is due
-                    park = max(0.0, min(park, start + offsets[due] - time.time()))
+                if paced_from is not None and due < len(offsets):
+                    # park no longer than until the next epoch is due
+                    park = max(0.0, min(park, paced_from + offsets[due] - time.time()))
             limit = epoch_list[ahead] if ahead < len(epoch_list) else None
             for h in handles:
                 h.limit(limit)
