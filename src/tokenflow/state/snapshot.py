@@ -32,10 +32,13 @@ two more fields, the epoch and the worker of the ``.bins`` file that holds it.  
 recorded which bins it changed (``changed=``, ``tokenflow.state.changes``), only those are
 handed over and serialized; the others are referenced without being looked at, and the changed
 bins are packed into shared blobs: consecutive bins of one schema up to ``GROUP_ROWS`` rows form one
-IPC stream (one batch per bin), whose entries all name the stream and add the bin's first row
+IPC stream (one record batch), whose entries all name the stream and add the bin's first row
 in it.  A windowed query's checkpoint changes thousands of bins of a few hundred bytes each,
 whose serialization one by one cost tens of ms of the worker's interpreter; a group is
-serialized in one call.  A reader decodes a shared blob once and slices each bin's rows.  ``prune`` keeps
+serialized in one call.  A full capture (a state that does not record its changes) packs its
+small bins (``SMALL_BIN_ROWS``) the same way, rewritten at every checkpoint, and gives its
+larger bins a blob each, found unchanged by checksum.  A reader decodes a shared blob once and
+slices each bin's rows.  ``prune`` keeps
 the ``.bins`` files that retained snapshots still point into (and drops the rest of those
 older directories, manifest first).
 
@@ -81,6 +84,13 @@ GROUP_ROWS = 16384
 larger one whose buffers it shares)."""
 _GROUP_BINS = 512
 """At most this many bins share a blob."""
+SMALL_BIN_ROWS = 32
+"""In a full capture, bins of fewer rows than this are packed into shared blobs like the
+changed bins of an incremental one: serializing a bin on its own costs some 10-20 us of the
+worker's interpreter, as much as writing 10-20 KB, so finding a small one unchanged by checksum
+saves less than it costs; larger bins get a blob each, reused when unchanged.  Rows, not bytes:
+a bin's table is often a slice of a larger one (whose buffers it reports as its size), and
+measuring a slice's own bytes costs about as much as serializing it."""
 
 # (state, bin, worker, offset, length, crc32, rows, epoch, first row): the blob lives in
 # snapshot-<epoch>/worker-<worker>.bins; the bin's rows are [first, first + rows) of it
@@ -385,16 +395,18 @@ class _BlobWriter:
 
     def _groups(self, state: str, per_bin: list[tuple[int, pa.Table]], offset: int,
                 entries: dict[str, list[int]], absolute: dict[int, Entry]) -> Iterable[pa.Buffer]:
-        """The changed bins of an incremental ``state`` packed into shared blobs (module
-        docstring), recording their entries; the first blob starts at ``offset``."""
+        """The changed bins of an incremental ``state``, or the small bins of a full one,
+        packed into shared blobs (module docstring), recording their entries; the first blob
+        starts at ``offset``."""
         group: list[tuple[int, pa.Table]] = []
         size = 0
 
         def close() -> pa.Buffer:
             nonlocal offset
-            schema = group[0][1].schema
-            batches = [batch for _, table in group for batch in table.to_batches()]
-            blob = _ipc_bytes(pa.Table.from_batches(batches, schema))
+            table = pa.concat_tables([t for _, t in group])
+            if not any(_has_dictionary(f.type) for f in table.schema):
+                table = table.combine_chunks()  # one record batch: one IPC message, not one a bin
+            blob = _ipc_bytes(table)
             crc = zlib.crc32(blob)
             first = 0
             for b, table in group:
@@ -428,16 +440,18 @@ class _BlobWriter:
             before = self.previous.get(state, {})
             if state in self.changed:
                 self._keep_unchanged(state, entries, absolute)
-            if state in self.changed:
-                for blob in self._groups(state, per_bin, offset, entries, absolute):
-                    offset += blob.size
-                    pending.append(blob)
-                    pending_size += blob.size
-                    if pending_size >= _WRITE_BUFFER:
-                        yield b"".join(pending)
-                        pending, pending_size = [], 0
-                continue
-            for b, table in per_bin:
+                grouped, single = per_bin, []
+            else:  # a full capture: small bins shared, large ones compared with ``previous``
+                grouped = [(b, t) for b, t in per_bin if t.num_rows < SMALL_BIN_ROWS]
+                single = [(b, t) for b, t in per_bin if t.num_rows >= SMALL_BIN_ROWS]
+            for blob in self._groups(state, grouped, offset, entries, absolute):
+                offset += blob.size
+                pending.append(blob)
+                pending_size += blob.size
+                if pending_size >= _WRITE_BUFFER:
+                    yield b"".join(pending)
+                    pending, pending_size = [], 0
+            for b, table in single:
                 if table.num_rows == 0:
                     continue
                 pieces = encoder.pieces(table)
