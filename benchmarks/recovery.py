@@ -21,7 +21,8 @@ tables give medians and a ratio is the median over the rounds of the per-round r
    records of the checkpoint's epoch and later wait at the operators' inputs until their worker
    has captured, each worker captures and resumes on its own; ``tokenflow.control``).
    Reported: events/s and per-epoch latency p50/p99 (``QueryResult``), the worker processes'
-   CPU seconds (``getrusage(RUSAGE_CHILDREN)``), where the slowest epochs lie (how many of each
+   CPU seconds in the job function (``QueryResult.worker_cpu_s``: ``time.process_time`` of
+   each worker, every thread, the snapshot writer's included), where the slowest epochs lie (how many of each
    run's ten slowest epochs are within 5 epochs after a checkpoint's epoch), and per checkpoint
    its ``SnapshotStats``: ``paused`` (from ``hold`` until every worker captured its state), the
    protocol phases (for the aligned protocol the workers' own: ``run up``, ``align``,
@@ -161,13 +162,6 @@ def spread(values: Sequence[float], digits: int = 2) -> str:
     return low if low == high else f"{low}–{high}"
 
 
-def children_cpu() -> float:
-    import resource
-
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def committed_table(path: Path | str) -> pa.Table:
     """The committed dataset, rows sorted by every column (partition column included)."""
     from tokenflow.io import read_committed
@@ -304,7 +298,6 @@ def measure_cost(queries: list[str], events: dict[str, int], rounds: int, runtim
                 elif variant == "quiescent":
                     patch = mock.patch.object(CheckpointedJob, "__init__", functools.partialmethod(
                         CheckpointedJob.__init__, aligned=False))
-                cpu = children_cpu()
                 failures = FailedCheckpoints()
                 logging.getLogger("tokenflow.recovery").addHandler(failures)
                 with patch:
@@ -312,7 +305,6 @@ def measure_cost(queries: list[str], events: dict[str, int], rounds: int, runtim
                                        runtime=runtime, output=d / "out",
                                        checkpoint=None if variant == "none" else d / "ckpt",
                                        checkpoint_interval=INTERVAL, **options)
-                cpu = children_cpu() - cpu
                 logging.getLogger("tokenflow.recovery").removeHandler(failures)
                 committed = committed_table(d / "out")
                 if reference is None:
@@ -329,7 +321,7 @@ def measure_cost(queries: list[str], events: dict[str, int], rounds: int, runtim
                     raise AssertionError(f"{name} {variant}: took {len(result.checkpoints)} checkpoints")
                 row.runs[variant].append(CostRun(
                     result.events_per_second, result.latency_p50_ms, result.latency_p99_ms,
-                    result.seconds, cpu if runtime == "process" else None,
+                    result.seconds, result.worker_cpu_s,
                     [asdict(s) for s in result.checkpoints], failures.messages,
                     slow_near_checkpoints(result.latencies_ms, result.epoch_times,
                                           (s.epoch for s in result.checkpoints))))
@@ -1481,12 +1473,12 @@ def cost_commentary(cost: list[CostRow]) -> list[str]:
                      f"throughput {median(r.paired('quiescent', 'events_per_second')):.3f}, p99 "
                      f"{median(r.delta('quiescent', 'p99_ms')):+.0f} ms")
         text += f"; one checkpoint per {per:.0f} epochs"
-        if r.runtime == "process":
-            cpu = median(a.cpu_s / b.cpu_s for a, b in zip(r.runs["checkpoint"], r.runs["none"],
-                                                             strict=False) if a.cpu_s and b.cpu_s)
-            text += f", worker CPU checkpoint/none {cpu:.3f}"
-            if r.runs.get("control"):
-                text += f", the control plane alone {median(r.paired('control', 'events_per_second')):.3f}"
+        cpus = [a.cpu_s / b.cpu_s for a, b in zip(r.runs["checkpoint"], r.runs["none"], strict=False)
+                if a.cpu_s and b.cpu_s]  # (saved runs from before worker_cpu_s have none)
+        if cpus:
+            text += f", worker CPU checkpoint/none {median(cpus):.3f}"
+        if r.runs.get("control"):
+            text += f", the control plane alone {median(r.paired('control', 'events_per_second')):.3f}"
         parts.append(text)
     rounds = [v for r in measured for v in r.paired("checkpoint", "events_per_second")]
     failed = sum(len(x.failed) for r in measured for v in CHECKPOINTING for x in r.runs.get(v, []))

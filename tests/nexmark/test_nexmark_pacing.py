@@ -21,6 +21,7 @@ def test_paced_epochs_are_not_sent_early() -> None:
     last = plan[-1][1] / pace
     assert paced.sent_at[-1] - paced_from < last + 0.5  # ... nor long after, when idle
     assert paced.seconds >= last
+    assert paced.worker_cpu_s > 0  # measured (NaN when not)
     fast = run_query("q5", events, rate=rate, workers=2, granularity_ms=50, lag=100)
     assert fast.sent_at[-1] - fast.started < last / 2  # without pace: sent at once
     assert paced.rows.equals(fast.rows)

@@ -75,6 +75,9 @@ class QueryResult:
             last of the source workers had sent it; ``sent_at[i] + latencies_ms[i] / 1000`` is
             when the output passed it.
         started: the wall time the first source worker began sending (s).
+        worker_cpu_s: CPU seconds (user + system, all threads: ``time.process_time``) the
+            processes of the workers with sources spent in the job function, summed (the last
+            attempt's; the thread runtime's workers share one process, each counting it all).
         read: per worker slot, per source split, the offset ranges ``[first, end)`` its
             sources emitted (merged; from ``SourceHandle.epochs``, the last
             ``DEFAULT_HISTORY`` epochs): with ``move_sources``, which worker read what.
@@ -99,6 +102,7 @@ class QueryResult:
     migrations: list[Any] = field(default_factory=list)
     sent_at: list[float] = field(default_factory=list)
     started: float = float("nan")
+    worker_cpu_s: float = float("nan")
     read: dict[int, dict[str, list[tuple[int, int]]]] = field(default_factory=dict)
 
 
@@ -324,6 +328,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         from tokenflow.nexmark.queries import load as load_query
         from tokenflow.spark.io import collect
 
+        cpu = time.process_time()
         query = load_query(name)
         if routing == "direct":
             worker.routing = None
@@ -424,6 +429,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 for split, (first, end) in ranges.items():
                     read.setdefault(split, []).append((first, end))
         return {"table": table, "sent": sent, "passed": passed, "start": start, "end": finish,
+                "cpu": time.process_time() - cpu,
                 "moved": moved, "read": {k: _merged(v) for k, v in read.items()}}
 
     options: dict[str, Any] = {}
@@ -472,6 +478,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     latencies = [1000.0 * (max(r["passed"][t] for r in results) - s)
                  for t, s in zip(epoch_times, sent_at, strict=True)]
     started = min(r["start"] for r in results)
+    worker_cpu = sum(r["cpu"] for r in results)
     results = results + joined
     outputs = [r["table"] for r in results if r["table"] is not None]
     rows = _frame(outputs, columns)
@@ -486,7 +493,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         events_per_second=events / seconds if seconds > 0 else float("inf"),
         latency_p50_ms=p50, latency_p99_ms=p99, latencies_ms=latencies, epoch_times=epoch_times,
         granularity_ms=granularity_ms, output=directory, checkpoints=checkpoints, failures=failures,
-        rescales=rescales, migrations=migrations, sent_at=sent_at, started=started, read=read)
+        rescales=rescales, migrations=migrations, sent_at=sent_at, started=started,
+        worker_cpu_s=worker_cpu, read=read)
 
 
 def _merged(ranges: list[tuple[int, int]]) -> list[tuple[int, int]]:
