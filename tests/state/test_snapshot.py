@@ -34,8 +34,8 @@ JOB = "nexmark-q4"
 @pytest.fixture(autouse=True)
 def one_blob_per_bin(monkeypatch):
     """These tests are about the per-bin blobs of a full capture; their bins are small, which a
-    full capture would pack into shared blobs (``SMALL_BIN_ROWS``: ``test_small_bins.py``)."""
-    monkeypatch.setattr(snapshot_module, "SMALL_BIN_ROWS", 0)
+    full capture would pack into shared blobs (``SMALL_BIN_BYTES``: ``test_small_bins.py``)."""
+    monkeypatch.setattr(snapshot_module, "SMALL_BIN_BYTES", 0)
 
 
 def ints_table(b, n):

@@ -28,8 +28,8 @@ JOB = "incremental"
 @pytest.fixture(autouse=True)
 def one_blob_per_bin(monkeypatch):
     """These tests are about per-bin blobs reused by checksum; their bins are small, which a
-    full capture would pack into shared blobs (``SMALL_BIN_ROWS``: ``test_small_bins.py``)."""
-    monkeypatch.setattr(snapshot_module, "SMALL_BIN_ROWS", 0)
+    full capture would pack into shared blobs (``SMALL_BIN_BYTES``: ``test_small_bins.py``)."""
+    monkeypatch.setattr(snapshot_module, "SMALL_BIN_BYTES", 0)
 
 
 def table(b, version):

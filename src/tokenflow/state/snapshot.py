@@ -36,7 +36,7 @@ IPC stream (one record batch), whose entries all name the stream and add the bin
 in it.  A windowed query's checkpoint changes thousands of bins of a few hundred bytes each,
 whose serialization one by one cost tens of ms of the worker's interpreter; a group is
 serialized in one call.  A full capture (a state that does not record its changes) packs its
-small bins (``SMALL_BIN_ROWS``) the same way, rewritten at every checkpoint, and gives its
+small bins (``SMALL_BIN_BYTES``) the same way, rewritten at every checkpoint, and gives its
 larger bins a blob each, found unchanged by checksum.  A reader decodes a shared blob once and
 slices each bin's rows.  ``prune`` keeps
 the ``.bins`` files that retained snapshots still point into (and drops the rest of those
@@ -84,13 +84,28 @@ GROUP_ROWS = 16384
 larger one whose buffers it shares)."""
 _GROUP_BINS = 512
 """At most this many bins share a blob."""
-SMALL_BIN_ROWS = 32
-"""In a full capture, bins of fewer rows than this are packed into shared blobs like the
-changed bins of an incremental one: serializing a bin on its own costs some 10-20 us of the
-worker's interpreter, as much as writing 10-20 KB, so finding a small one unchanged by checksum
-saves less than it costs; larger bins get a blob each, reused when unchanged.  Rows, not bytes:
-a bin's table is often a slice of a larger one (whose buffers it reports as its size), and
-measuring a slice's own bytes costs about as much as serializing it."""
+SMALL_BIN_BYTES = 4096
+"""In a full capture, bins smaller than this (estimated, below) are packed into shared blobs
+like the changed bins of an incremental one: serializing a bin on its own costs some 10-20 us
+of the worker's interpreter, as much as writing 10-20 KB, so finding a small one unchanged by
+checksum saves less than it costs; larger bins get a blob each, reused when unchanged."""
+_SAMPLES = 4
+"""Bins of a state whose bytes per row are measured (``_small_bins``)."""
+
+
+def _small_bins(per_bin: list[tuple[int, pa.Table]]) -> set[int]:
+    """The bins of one state to pack: those whose rows times the state's bytes per row are
+    under ``SMALL_BIN_BYTES``.  Bytes per row is the largest of a few bins' (``nbytes``): that
+    costs about 5 us a bin (a bin is often a slice of a larger table), too much to ask of every
+    bin, and the bins of one state hold rows of one kind (a columnar state's rows; a keyed
+    state's one pickled dict per bin, whose size makes every such bin large)."""
+    bins = [(b, t) for b, t in per_bin if t.num_rows]
+    if not bins:
+        return set()
+    step = max(1, len(bins) // _SAMPLES)
+    per_row = max(t.nbytes / t.num_rows for _, t in bins[::step][:_SAMPLES])
+    return {b for b, t in bins if t.num_rows * per_row < SMALL_BIN_BYTES}
+
 
 # (state, bin, worker, offset, length, crc32, rows, epoch, first row): the blob lives in
 # snapshot-<epoch>/worker-<worker>.bins; the bin's rows are [first, first + rows) of it
@@ -442,8 +457,9 @@ class _BlobWriter:
                 self._keep_unchanged(state, entries, absolute)
                 grouped, single = per_bin, []
             else:  # a full capture: small bins shared, large ones compared with ``previous``
-                grouped = [(b, t) for b, t in per_bin if t.num_rows < SMALL_BIN_ROWS]
-                single = [(b, t) for b, t in per_bin if t.num_rows >= SMALL_BIN_ROWS]
+                small = _small_bins(per_bin)
+                grouped = [(b, t) for b, t in per_bin if b in small]
+                single = [(b, t) for b, t in per_bin if b not in small]
             for blob in self._groups(state, grouped, offset, entries, absolute):
                 offset += blob.size
                 pending.append(blob)
