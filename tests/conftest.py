@@ -36,6 +36,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "spark: needs a local SparkSession (slow start-up, ~20 s)")
 
 
+@pytest.fixture
+def one_blob_per_bin(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every bin of a full capture in a blob of its own (``SMALL_BIN_BYTES = 0``): for tests of
+    that path, whose bins are small enough that a full capture would pack them into shared
+    blobs (tested in ``tests/state/test_small_bins.py``)."""
+    from tokenflow.state import snapshot
+
+    monkeypatch.setattr(snapshot, "SMALL_BIN_BYTES", 0)
+
+
 @pytest.fixture(scope="session")
 def spark() -> Iterator[Any]:
     """The session-wide SparkSession (``local[4]``), stopped at the end of the test session."""

@@ -261,7 +261,8 @@ epochs) is captured as its state after this wait."""
 ALIGNED_ATTEMPTS = 2
 """Aligned attempts a snapshot makes before the quiescent protocol, when their captures are
 not a consistent cut.  The quiescent protocol stops every source until the job drains, which
-delays the epochs around it by tens of ms (q8 at half load: 20-40 ms), where an aligned attempt
+delays the epochs around it by tens of ms (q8 at half load, one traced run: 42-67 ms where
+the others took 1-2 ms), where an aligned attempt
 holds each source only until the epochs before its ``e`` are done."""
 
 _EVERYTHING = -(1 << 62)

@@ -78,13 +78,8 @@ def test_cold_rescale_on_threads_matches_an_uninterrupted_run(tmp_path: Path, be
     assert merged(first, second) == expected
 
 
-def test_restore_reads_only_bins_whose_owner_changed(tmp_path: Path,
-                                                    monkeypatch: pytest.MonkeyPatch) -> None:
-    """Bins in blobs of their own (this job's bins are small, which a full capture packs into
-    shared blobs, read whole: ``SMALL_BIN_BYTES``; the per-bin path is what this is about)."""
-    from tokenflow.state import snapshot as snapshot_module
-
-    monkeypatch.setattr(snapshot_module, "SMALL_BIN_BYTES", 0)
+@pytest.mark.usefixtures("one_blob_per_bin")  # shared blobs are read whole
+def test_restore_reads_only_bins_whose_owner_changed(tmp_path: Path) -> None:
     table = words_table(rows=20_000)
     handle = start(wordcount(table, pause_at=30), workers=2, name=NAME)
     handle.snapshot(str(tmp_path))

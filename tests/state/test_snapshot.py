@@ -25,17 +25,12 @@ from tokenflow.state import (
     snapshot_dir,
     write_worker_part,
 )
-from tokenflow.state import snapshot as snapshot_module
 
 BINS = 16
 JOB = "nexmark-q4"
 
 
-@pytest.fixture(autouse=True)
-def one_blob_per_bin(monkeypatch):
-    """These tests are about the per-bin blobs of a full capture; their bins are small, which a
-    full capture would pack into shared blobs (``SMALL_BIN_BYTES``: ``test_small_bins.py``)."""
-    monkeypatch.setattr(snapshot_module, "SMALL_BIN_BYTES", 0)
+pytestmark = pytest.mark.usefixtures("one_blob_per_bin")  # the per-bin blobs of a full capture
 
 
 def ints_table(b, n):

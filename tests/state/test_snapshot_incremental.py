@@ -19,17 +19,12 @@ from tokenflow.state import (
     snapshot_dir,
     write_worker_part,
 )
-from tokenflow.state import snapshot as snapshot_module
 
 BINS = 16
 JOB = "incremental"
 
 
-@pytest.fixture(autouse=True)
-def one_blob_per_bin(monkeypatch):
-    """These tests are about per-bin blobs reused by checksum; their bins are small, which a
-    full capture would pack into shared blobs (``SMALL_BIN_BYTES``: ``test_small_bins.py``)."""
-    monkeypatch.setattr(snapshot_module, "SMALL_BIN_BYTES", 0)
+pytestmark = pytest.mark.usefixtures("one_blob_per_bin")  # per-bin blobs reused by checksum
 
 
 def table(b, version):

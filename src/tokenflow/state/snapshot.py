@@ -86,9 +86,11 @@ _GROUP_BINS = 512
 """At most this many bins share a blob."""
 SMALL_BIN_BYTES = 4096
 """In a full capture, bins smaller than this (estimated, below) are packed into shared blobs
-like the changed bins of an incremental one: serializing a bin on its own costs some 10-20 us
-of the worker's interpreter, as much as writing 10-20 KB, so finding a small one unchanged by
-checksum saves less than it costs; larger bins get a blob each, reused when unchanged."""
+like the changed bins of an incremental one: serializing a bin on its own cost about 40 us of
+the worker's interpreter (cProfile of q8's writes, the step loop running), as long as writing
+some 20 KB of state (``benchmarks/results/recovery.md``, section 5), so finding a small one
+unchanged by checksum saves less than it costs; larger bins get a blob each, reused when
+unchanged."""
 _SAMPLES = 4
 """Bins of a state whose bytes per row are measured (``_small_bins``)."""
 
