@@ -21,8 +21,9 @@ word-count section; 10,000 auctions in flight as in ``rescale_nexmark.py``, epoc
    epochs in flight per worker), events/s from the first send to the last output.  A short
    calibration run first; the measured run's epochs then have the size the paced runs will have
    (event-time rate = half the calibration), so both measure the same per-epoch costs.
-2. **Paced runs** at half of the measured maximum (``run_query(pace=...)``, open loop: a source
-   worker sends epoch ``k`` no earlier than ``k * 0.1`` s after it started; the event-time rate
+2. **Paced runs** at half of the measured maximum (``run_query(pace=...)``, open loop: every
+   source worker sends epoch ``k`` no earlier than ``k * 0.1`` s after the first epoch passed
+   its probe, so all workers offer an epoch at the same moment; the event-time rate
    equals the pace, so event time runs with the wall clock; ``lag`` 10,000: never limited),
    ``SECONDS`` long: once without rescaling (the reference: its rows are the expected output,
    its latencies the noise floor) and once per strategy with the roster changed to 3, 4, 3, 2

@@ -29,6 +29,7 @@ import pandas as pd
 import pytest
 
 from tokenflow.nexmark.generator import GeneratorConfig
+from tokenflow.nexmark.queries import q5, q8
 from tokenflow.nexmark.run import epoch_plan, run_query
 from tokenflow.rescale import STRATEGIES
 
@@ -124,6 +125,27 @@ def test_rescaling_keeps_the_output_thread(query: str, strategy: str) -> None:
     result = run(query, strategy, rng, rescale_at=random_points(rng))
     same_rows(result.rows, reference(query))
     check_moves(result, strategy)
+
+
+@pytest.mark.parametrize("query", ["q5", "q8"])
+def test_states_are_prepared_while_their_steps_wait(query: str,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """The router lets a state whose bins are about to leave prepare its take
+    (``prepare_take``: merge chunks, hash keys) while the step waits for its time, and the
+    output is still the non-migrating run's."""
+    state_class = {"q5": q5.WindowCounts, "q8": q8.WindowState}[query]
+    prepared: list[float] = []
+    original = state_class.prepare_take
+
+    def counting(self: Any, deadline: float) -> bool:
+        prepared.append(deadline)
+        return original(self, deadline)
+
+    monkeypatch.setattr(state_class, "prepare_take", counting)
+    rng = random.Random(f"prepare-{query}")
+    result = run(query, "batched", rng, rescale_at=random_points(rng))
+    same_rows(result.rows, reference(query))
+    assert prepared
 
 
 @pytest.mark.parametrize("query", QUERIES)

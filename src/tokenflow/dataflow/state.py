@@ -134,9 +134,9 @@ class BinnedState(ABC):
     take_per_bin: ClassVar[bool] = True
     """Whether taking some bins out (``take``, ``export`` + ``discard``) costs about their
     share of the state: a migration step then leaves its old owner in slices of bins
-    (``tokenflow.rescale.megaphone``).  False for a state whose every take pays a pass over
-    all its rows (``ColumnarState``: a hash and a filter of every held key), which a step
-    takes in one call: per slice, that pass would be paid once per slice."""
+    (``tokenflow.rescale.megaphone``).  False for a state whose every take pays a costly
+    pass over all its rows (a ``ColumnarState`` that hashes every held key per take), which
+    a step takes in one call: per slice, that pass would be paid once per slice."""
 
     def attach(self, bins: int, home_bin: int) -> None:
         """Called once when the operator declares the state."""
@@ -160,6 +160,15 @@ class BinnedState(ABC):
             NotImplementedError: for states that cannot be split (the default).
         """
         raise NotImplementedError(f"{type(self).__name__} cannot discard bins")
+
+    def prepare_take(self, deadline: float) -> bool:
+        """Make the next ``take`` cheaper (e.g. hash held keys, merge small chunks), working
+        until ``deadline`` (``time.perf_counter()`` seconds) at most; True when nothing is
+        left to prepare.  Called by a migrating operator's router while a step that moves
+        bins away from this worker waits for its time (``tokenflow.rescale.megaphone``), so
+        that the step's slices find the work done.  Must not change what ``export`` returns.
+        The default has nothing to prepare."""
+        return True
 
     def pending_times(self) -> list[Any]:
         """Times at which the operator holds tokens because of this state (default none)."""

@@ -78,6 +78,9 @@ SLICE_SECONDS = 0.003
 """Wall-time budget of one activation's migration work on one worker: the old owner takes and
 sends a step's bins in slices until it is spent (then yields to the worker loop, holding the
 step's tokens), the new owner loads arriving parts in slices the same way (``LoadQueue``)."""
+PREPARE_SECONDS = 0.001
+"""Seconds an activation of F spends at most preparing the state for a coming step's take
+(``BinnedState.prepare_take``): work it would otherwise do inside the step's first slice."""
 MAX_SLICES = 16
 """A step's bins go out in at most this many slices (a slice holds at least ``1/MAX_SLICES``
 of them): a state whose every ``take`` pays a pass over all its rows (a columnar state hashes
@@ -602,6 +605,8 @@ class Shared:
             table in a full export; measuring).
         per_bin: the state's ``take_per_bin``: F takes a step's bins in slices (else in one
             call, then sends).
+        prepare: the state's ``prepare_take(deadline)``: F calls it while a step moving bins
+            away waits for S, at most ``PREPARE_SECONDS`` per activation.
         applied: S's input frontier (elements of all its inputs) when it last ran: F sends a
             bin's state at ``t`` once no element is ``< t``.
         waiting: F waits for S (S activates F after each run).
@@ -614,6 +619,7 @@ class Shared:
     take: Callable[[list[int]], dict[int, pa.Table]]
     sizes: Callable[[], dict[int, int]] = dict
     per_bin: bool = True
+    prepare: Callable[[float], bool] = lambda deadline: True
     applied: list[Any] = field(default_factory=lambda: [0])
     activate_router: Callable[[], None] = lambda: None
     released: Callable[[], None] = lambda: None
@@ -943,7 +949,11 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 if send.started is None:
                     applied = shared.applied
                     if applied and min(applied) < send.time:
-                        continue  # S has not applied every record before t yet
+                        # S has not applied every record before t yet: meanwhile make the
+                        # take cheaper (hash keys, merge chunks), a little per activation
+                        if send.moves:
+                            shared.prepare(_time.perf_counter() + PREPARE_SECONDS)
+                        continue
                     if not shared.per_bin:  # one take: each would pass over all the state
                         send.slice = len(send.left) or 1
                     if measure:  # the whole state's bytes per bin, just before the step

@@ -21,6 +21,8 @@ per ``pending_times()`` from its initial token (the timestamp-tokens paper §5).
 from __future__ import annotations
 
 import heapq
+import time
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
@@ -209,6 +211,89 @@ def key_hashes(table: pa.Table, column: str) -> np.ndarray:
     return column_hashes(table.column(column))
 
 
+HASH_GROUP = 1 << 16
+"""Rows ``ChunkBins`` hashes in one call (about a millisecond): chunks are hashed together up
+to it, so a state of many small chunks pays few calls, and ``warm`` checks its deadline
+between groups."""
+
+
+class ChunkBins:
+    """The bin of every row of a columnar state's key chunks, computed once per chunk.
+
+    A ``ColumnarState`` holds its rows in chunks it replaces but never changes in place (numpy
+    arrays, record batches).  A migration takes a step's bins in slices of a few milliseconds
+    each (``tokenflow.rescale.megaphone``); hashing every held key in every slice would make
+    each slice cost as much as taking everything.  Here a chunk's keys are hashed the first
+    time a take sees it and the bins are kept for the later slices: a slice then costs one
+    gather of the held rows' bins (``member[bins]``, about a nanosecond a row) plus the work
+    on the rows it takes.  What a take keeps of a chunk is a new chunk: ``put`` hands it the
+    kept rows' bins, so it is not hashed again.
+
+    Entries are keyed by the chunk's identity and dropped when the chunk is freed (a weak
+    reference), so bins of chunks the state let go take no memory; the memo is not state (it
+    is not pickled: a copy starts empty).  Bins are ``uint16`` (``MAX_BINS``).
+    """
+
+    __slots__ = ("_memo", "__weakref__")
+
+    def __init__(self) -> None:
+        self._memo: dict[int, tuple[weakref.ref[Any], int, np.ndarray]] = {}
+
+    def lookup(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
+               bins: int, deadline: float | None = None) -> list[np.ndarray | None]:
+        """The bins (``uint16``, one per row) of each of ``chunks`` among ``bins`` bins, as
+        ``Exchange(column=)`` hashes its key column ``keys(chunk)`` (an int64 numpy array or
+        an Arrow array).  Chunks not seen before are hashed together, in groups of
+        ``HASH_GROUP`` rows; with a ``deadline`` (``time.perf_counter()`` seconds) no group is
+        started after it, and the chunks left are None (``warm`` uses this)."""
+        memo = self._memo
+        found: list[np.ndarray | None] = [None] * len(chunks)
+        missing: list[int] = []
+        for i, chunk in enumerate(chunks):
+            entry = memo.get(id(chunk))
+            if entry is not None and entry[0]() is chunk and entry[1] == bins:
+                found[i] = entry[2]
+            else:
+                missing.append(i)
+        at = 0
+        while at < len(missing):
+            if deadline is not None and time.perf_counter() >= deadline:
+                break
+            group: list[int] = []
+            arrays: list[Any] = []
+            rows = 0
+            while at < len(missing) and (not group or rows < HASH_GROUP):
+                arrays.append(keys(chunks[missing[at]]))
+                rows += len(arrays[-1])
+                group.append(missing[at])
+                at += 1
+            if all(isinstance(x, np.ndarray) for x in arrays):
+                joined: Any = pa.array(np.concatenate(arrays))
+            else:
+                joined = pa.concat_arrays([pa.array(x) if isinstance(x, np.ndarray) else x
+                                           for x in arrays])
+            every = bins_of(column_hashes(joined), bins).astype(np.uint16)
+            offsets = np.cumsum([0, *map(len, arrays)]).tolist()
+            for i, lo, hi in zip(group, offsets, offsets[1:], strict=False):
+                found[i] = every[lo:hi]
+                self.put(chunks[i], every[lo:hi], bins)
+        return found
+
+    def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
+             bins: int, deadline: float) -> bool:
+        """Hash the chunks not seen yet until ``deadline``; True when none is left."""
+        return all(b is not None for b in self.lookup(chunks, keys, bins, deadline))
+
+    def put(self, chunk: Any, found: np.ndarray, bins: int) -> None:
+        """Remember ``found`` (one per row) as the bins of ``chunk``'s keys among ``bins``."""
+        key = id(chunk)
+        memo = self._memo
+        memo[key] = (weakref.ref(chunk, lambda _: memo.pop(key, None)), bins, found)
+
+    def __reduce__(self) -> tuple[type[ChunkBins], tuple[()]]:
+        return ChunkBins, ()  # a copy (pickle, deepcopy) starts empty
+
+
 class Taken(NamedTuple):
     """One part's rows taken out of a ``ColumnarState`` (``ColumnarState.take_rows``)."""
 
@@ -236,11 +321,15 @@ class ColumnarState(BinnedState):
     whole to the home bin.  ``load`` concatenates the loaded tables and hands each part's rows
     to ``add_rows`` once.  ``take`` (and ``discard``) removes the rows of some bins with
     ``take_rows``: one vectorized pass over the keys (hash, bin, mask) and a filter, then the
-    taken rows alone are assembled and split as ``export`` does.
+    taken rows alone are assembled and split as ``export`` does.  A subclass whose
+    ``take_rows`` reuses its keys' bins between takes (``ChunkBins``; q5's ``WindowCounts``,
+    q8's ``WindowState``) sets ``take_per_bin`` and implements ``prepare_take``: a migration
+    then takes a step in slices, each costing a gather over the held rows' bins and the
+    work on the rows it takes.
     """
 
     PARTS: ClassVar[tuple[tuple[str, ...], ...]] = ()
-    take_per_bin: ClassVar[bool] = False  # every take hashes and filters all held keys
+    take_per_bin: ClassVar[bool] = False  # unless a subclass memoizes: a take hashes all keys
 
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         """Per part (in ``PARTS`` order): its rows (at least its ``PARTS`` columns) and the

@@ -34,7 +34,8 @@ snapshot, each operator re-mints one token per open window end (``pending_times(
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -43,9 +44,9 @@ from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary
-from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.queries._windows import (
+    ChunkBins,
     ColumnarState,
     Taken,
     WindowTokens,
@@ -90,6 +91,11 @@ COMPACT_AFTER = 64
 """Partial count arrays a window accumulates before they are summed into one."""
 
 
+PREPARED_PARTIALS = 4
+"""Partials a window may hold when a migration's take comes (``prepare_take`` sums more):
+each costs the take a few numpy calls, and summing is a sort of the window's rows."""
+
+
 COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
                            ("count", pa.int64())])
 """``WindowCounts`` as exported rows: a partial count of ``auction``'s bids in the window
@@ -111,12 +117,15 @@ class WindowCounts(ColumnarState):
         ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
     """
 
+    take_per_bin: ClassVar[bool] = True  # a take's cost follows the rows it takes (``ChunkBins``)
+
     def __init__(self, size: int = SIZE_MS, slide: int = SLIDE_MS) -> None:
         if size <= 0 or slide <= 0 or size % slide:
             raise ValueError(f"need 0 < slide dividing size, got size={size}, slide={slide}")
         self.size = size
         self.slide = slide
         self.partials: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self._bins = ChunkBins()  # bins of the partials' auctions, for takes in slices
 
     def add(self, start: np.ndarray, auction: np.ndarray, count: np.ndarray) -> None:
         """Add partial counts: ``count[i]`` bids of ``auction[i]`` in the window starting at
@@ -164,31 +173,35 @@ class WindowCounts(ColumnarState):
         return [(table, key_hashes(table, "auction"))]
 
     def take_rows(self, member: np.ndarray) -> list[Taken]:
-        """Remove the partial counts of the auctions of ``member`` bins: one hash of every
-        held partial's auctions, a mask filter per partial with rows taken, and the taken
-        partials summed per window (as ``rows()`` sums them); a window left without
-        partials is forgotten (its token is released)."""
-        held = [(end, part) for end, parts in self.partials.items() for part in parts]
-        if not held:
+        """Remove the partial counts of the auctions of ``member`` bins: per held partial, a
+        gather of its rows' bins (hashed once per partial, ``ChunkBins``) and, when rows
+        go, a filter each way; the taken partials are summed per window (as ``rows()`` sums
+        them); a window left without partials is forgotten (its token is released)."""
+        if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
-        hashes = column_hashes(pa.array(np.concatenate([a for _, (a, _) in held])))
-        mask = self.in_bins(hashes, member)
-        if not mask.any():
-            return [Taken(COUNTS_SCHEMA.empty_table(), hashes[:0], True)]
+        n = len(member)
+        memo = iter(self._bins.lookup(self._keys(), _first, n))
         taken: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         left: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        at = 0
-        for end, (a, c) in held:
-            seg = mask[at:at + len(a)]
-            at += len(a)
-            kept = left.setdefault(end, [])
-            if not seg.any():
-                kept.append((a, c))
-                continue
-            taken.setdefault(end, []).append((a[seg], c[seg]))
-            if not seg.all():
-                kept.append((a[~seg], c[~seg]))
-        self.partials = {end: parts for end, parts in left.items() if parts}
+        for end, parts in self.partials.items():
+            kept: list[tuple[np.ndarray, np.ndarray]] = []
+            for a, c in parts:
+                bins = next(memo)
+                assert bins is not None
+                seg = member[bins]
+                if not seg.any():
+                    kept.append((a, c))
+                    continue
+                taken.setdefault(end, []).append((a[seg], c[seg]))
+                if not seg.all():
+                    stay = ~seg
+                    kept.append((a[stay], c[stay]))
+                    self._bins.put(kept[-1][0], bins[stay], n)
+            if kept:
+                left[end] = kept
+        self.partials = left
+        if not taken:
+            return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), True)]
         ends, auctions, counts = [], [], []
         for end, parts in taken.items():
             a, c = _sum_counts(parts)
@@ -198,6 +211,23 @@ class WindowCounts(ColumnarState):
         table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
                          schema=COUNTS_SCHEMA)
         return [Taken(table, key_hashes(table, "auction"), True)]
+
+    def _keys(self) -> list[np.ndarray]:
+        """Every held partial's auctions, window by window, in order."""
+        return [a for parts in self.partials.values() for a, _ in parts]
+
+    def prepare_take(self, deadline: float) -> bool:
+        """Sum the partials of each window holding more than ``PREPARED_PARTIALS`` into one
+        (as ``rows()`` and ``retire`` would), then hash the held auctions
+        (``ChunkBins.warm``), until ``deadline`` (``time.perf_counter()`` seconds; a window
+        started is finished); True when nothing is left.  A take then handles a few chunks
+        per window."""
+        for end, parts in self.partials.items():
+            if len(parts) > PREPARED_PARTIALS:
+                if time.perf_counter() >= deadline:
+                    return False
+                self.partials[end] = [_sum_counts(parts)]
+        return self._bins.warm(self._keys(), _first, self.bins or 1, deadline)
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")
@@ -221,6 +251,11 @@ class WindowCounts(ColumnarState):
         self.partials = {
             int(end): [(int_column(t, "auction"), int_column(t, "count"))]
             for end, t in snapshot["windows"].items()}
+
+
+def _first(auctions: np.ndarray) -> np.ndarray:
+    """A partial's key column: its auctions (the chunk is the array itself)."""
+    return auctions
 
 
 def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,

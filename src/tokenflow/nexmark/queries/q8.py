@@ -31,8 +31,9 @@ initial token.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import pyarrow as pa
@@ -41,10 +42,10 @@ import pyarrow.compute as pc
 from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo
-from tokenflow.dataflow.routing import column_hashes
 from tokenflow.dataflow.stream import Stream
 from tokenflow.nexmark.generator import GeneratorConfig
 from tokenflow.nexmark.queries._windows import (
+    ChunkBins,
     ColumnarState,
     Taken,
     WindowTokens,
@@ -61,6 +62,9 @@ SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.i
                                ("id", pa.int64()), ("name", pa.utf8())])
 WINDOW_MS = 10_000
 """Tumbling window length in ms."""
+PREPARED_CHUNKS = 4
+"""Persons batches (seller arrays) a window may hold when a migration's take comes
+(``WindowState.prepare_take`` merges more): each costs the take a few calls."""
 COMPACT_AFTER = 64
 """A window's last this many person batches (seller arrays) are merged into one."""
 
@@ -83,6 +87,16 @@ SELLER_ROWS = pa.schema([("window_end", pa.int64()), ("seller", pa.int64())])
 """``WindowState``'s sellers as exported rows (``window_end`` in ms)."""
 
 
+def _ids(batch: pa.RecordBatch) -> pa.Array:
+    """A persons batch's key column."""
+    return batch.column("id")
+
+
+def _itself(sellers: np.ndarray) -> np.ndarray:
+    """A sellers array's key column: the array itself."""
+    return sellers
+
+
 class WindowState(ColumnarState):
     """The ``Q8Join`` state of one worker: the open windows' persons and sellers.
 
@@ -102,12 +116,14 @@ class WindowState(ColumnarState):
     """
 
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
+    take_per_bin: ClassVar[bool] = True  # a take's cost follows the rows it takes (``ChunkBins``)
 
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
         self.persons: dict[int, list[pa.RecordBatch]] = {}
         self.sellers: dict[int, list[np.ndarray]] = {}
         self._loose: dict[tuple[int, int], int] = {}  # (part, end) -> batches added unmerged
+        self._bins = ChunkBins()  # bins of the held ids and sellers, for takes in slices
 
     def windows(self, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """The distinct window ends of event ``times`` (ms) and, per end, the rows in it."""
@@ -202,59 +218,68 @@ class WindowState(ColumnarState):
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the persons and sellers of ``member`` bins.
 
-        Persons: one hash of every held id (per window, over its batches as one table); a
-        window with persons taken is filtered once each way (its kept persons become one
-        batch).  Sellers: one hash of every held seller id (repeats included); a window with
-        sellers taken keeps the others as one array and exports the distinct taken ones, as
-        ``rows()`` does.  A window left without persons (sellers) is forgotten there; one
-        left with neither releases its token."""
+        Per held batch of persons (array of sellers): a gather of its rows' bins (hashed once
+        per chunk, ``ChunkBins``) and, when some go, a filter each way; the kept rows stay a
+        chunk of their own, their bins remembered.  The taken persons of a window come in
+        batch order, its taken sellers distinct, as ``rows()`` gives them.  A window left
+        without persons (sellers) is forgotten there; one left with neither releases its
+        token."""
         self._loose = {}  # batches added before stay as they are
-        person_parts: list[pa.Table] = []
+        n = len(member)
+        held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
+        person_memo = iter(self._bins.lookup(self._person_chunks(), _ids, n))
+        person_parts: list[pa.RecordBatch] = []
         person_ends: list[np.ndarray] = []
-        person_hashes: list[np.ndarray] = []
-        held_persons = False
         for end, batches in list(self.persons.items()):
-            table = pa.Table.from_batches(batches, schema=PERSON_SCHEMA)
-            if table.num_rows == 0:
-                del self.persons[end]
-                continue
-            held_persons = True
-            hashes = column_hashes(table.column("id"))
-            mask = self.in_bins(hashes, member)
-            if not mask.any():
-                continue
-            table = table.combine_chunks()
-            taken = table.filter(pa.array(mask))
-            person_parts.append(taken)
-            person_ends.append(np.full(taken.num_rows, end, dtype=np.int64))
-            person_hashes.append(hashes[mask])
-            if mask.all():
-                del self.persons[end]
+            kept: list[pa.RecordBatch] = []
+            for batch in batches:
+                bins = next(person_memo)
+                assert bins is not None
+                seg = member[bins]
+                if not seg.any():
+                    kept.append(batch)
+                    continue
+                taken = batch.filter(pa.array(seg))
+                person_parts.append(taken)
+                person_ends.append(np.full(taken.num_rows, end, dtype=np.int64))
+                if not seg.all():
+                    stay = ~seg
+                    kept.append(batch.filter(pa.array(stay)))
+                    self._bins.put(kept[-1], bins[stay], n)
+            if any(b.num_rows for b in kept):
+                self.persons[end] = kept
             else:
-                self.persons[end] = table.filter(pa.array(~mask)).to_batches()
+                del self.persons[end]
         if person_parts:
-            people = pa.concat_tables(person_parts)
+            people = pa.Table.from_batches(person_parts, schema=PERSON_SCHEMA)
             persons = pa.table([np.concatenate(person_ends), people.column("id"),
                                 people.column("name")], schema=PERSON_ROWS)
         else:
             persons = PERSON_ROWS.empty_table()
+        held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
+        seller_memo = iter(self._bins.lookup(self._seller_chunks(), _itself, n))
         seller_parts: list[tuple[int, np.ndarray]] = []
-        held_sellers = False
         for end, arrays in list(self.sellers.items()):
-            sellers = arrays[0] if len(arrays) == 1 else \
-                np.concatenate([np.zeros(0, dtype=np.int64), *arrays])
-            if len(sellers) == 0:
-                del self.sellers[end]
-                continue
-            held_sellers = True
-            mask = self.in_bins(column_hashes(pa.array(sellers)), member)
-            if not mask.any():
-                continue
-            seller_parts.append((end, np.unique(sellers[mask])))
-            if mask.all():
-                del self.sellers[end]
+            kept_sellers: list[np.ndarray] = []
+            gone: list[np.ndarray] = []
+            for sellers in arrays:
+                bins = next(seller_memo)
+                assert bins is not None
+                seg = member[bins]
+                if not seg.any():
+                    kept_sellers.append(sellers)
+                    continue
+                gone.append(sellers[seg])
+                if not seg.all():
+                    stay = ~seg
+                    kept_sellers.append(sellers[stay])
+                    self._bins.put(kept_sellers[-1], bins[stay], n)
+            if gone:
+                seller_parts.append((end, np.unique(np.concatenate(gone))))
+            if any(len(a) for a in kept_sellers):
+                self.sellers[end] = kept_sellers
             else:
-                self.sellers[end] = [sellers[~mask]]
+                del self.sellers[end]
         if seller_parts:
             sellers_taken = pa.table(
                 [np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a in seller_parts]),
@@ -262,8 +287,39 @@ class WindowState(ColumnarState):
                 schema=SELLER_ROWS)
         else:
             sellers_taken = SELLER_ROWS.empty_table()
-        return [Taken(persons, np.concatenate([*person_hashes, _NO_HASHES]), held_persons),
+        return [Taken(persons, key_hashes(persons, "id"), held_persons),
                 Taken(sellers_taken, key_hashes(sellers_taken, "seller"), held_sellers)]
+
+    def _person_chunks(self) -> list[pa.RecordBatch]:
+        """Every held batch of persons, window by window, in order."""
+        return [b for batches in self.persons.values() for b in batches]
+
+    def _seller_chunks(self) -> list[np.ndarray]:
+        """Every held array of sellers, window by window, in order."""
+        return [a for arrays in self.sellers.values() for a in arrays]
+
+    def prepare_take(self, deadline: float) -> bool:
+        """Merge the chunks of each window holding more than ``PREPARED_CHUNKS`` persons
+        batches (seller arrays) into one (sellers made distinct, as ``rows()`` and ``close``
+        treat them), then hash the held keys (``ChunkBins.warm``), until ``deadline``
+        (``time.perf_counter()`` seconds; a window started is finished); True when nothing
+        is left.  A take then handles a few chunks per window."""
+        for end, batches in self.persons.items():
+            if len(batches) > PREPARED_CHUNKS:
+                if time.perf_counter() >= deadline:
+                    return False
+                self.persons[end] = pa.Table.from_batches(batches, schema=PERSON_SCHEMA) \
+                    .combine_chunks().to_batches()
+                self._loose.pop((0, end), None)
+        for end, arrays in self.sellers.items():
+            if len(arrays) > PREPARED_CHUNKS:
+                if time.perf_counter() >= deadline:
+                    return False
+                self.sellers[end] = [np.unique(np.concatenate(arrays))]
+                self._loose.pop((1, end), None)
+        n = self.bins or 1
+        return self._bins.warm(self._person_chunks(), _ids, n, deadline) and \
+            self._bins.warm(self._seller_chunks(), _itself, n, deadline)
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")

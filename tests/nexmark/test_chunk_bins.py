@@ -1,0 +1,191 @@
+"""Takes in slices from the NEXMark states that memoize their keys' bins (``ChunkBins``): q5's
+``WindowCounts`` and q8's ``WindowState``.
+
+A migration step takes its bins in slices (``tokenflow.rescale.megaphone``), and between two
+slices the operator goes on adding rows; before the step, the router lets the state prepare
+(``prepare_take``: merge small chunks, hash the held keys).  Checked on random states and
+random sequences of adds, prepares (finished or cut short by their deadline) and takes:
+
+* every take returns what the whole-state path (export all, reload what stays) returns on a
+  twin state that never prepares, and both then export the same rows and finish alike;
+* ``prepare_take`` never changes what ``export`` returns;
+* once prepared, a take hashes only the rows it takes (the old path hashed every held key at
+  every take, so each slice cost as much as taking everything);
+* ``ChunkBins`` gives the bins ``Exchange(column=)`` routes by, hashes a chunk once, and a copy
+  of a state (pickle) takes the same rows.
+"""
+
+from __future__ import annotations
+
+import math
+import pickle
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tokenflow.dataflow.routing import column_hashes
+from tokenflow.nexmark.queries import _windows, q5, q8
+from tokenflow.nexmark.queries._windows import ChunkBins, ColumnarState
+from tokenflow.state.bins import bins_of
+
+Rng = np.random.Generator
+
+
+def grow_counts(state: q5.WindowCounts, rng: Rng) -> None:
+    """A few partial-count batches, in windows that overlap the held ones."""
+    for _ in range(int(rng.integers(1, 12))):
+        n = int(rng.integers(1, 80))
+        state.add(rng.integers(0, 6, n) * 5, rng.integers(0, 400, n), rng.integers(1, 4, n))
+
+
+def grow_windows(state: q8.WindowState, rng: Rng) -> None:
+    """A few batches of persons and sellers (sellers repeat) in a few windows."""
+    for _ in range(int(rng.integers(1, 40))):
+        end = int(rng.integers(1, 5)) * 10
+        n = int(rng.integers(0, 8))
+        if rng.random() < 0.5:
+            ids = rng.integers(0, 400, n)
+            state.add_persons(end, pa.RecordBatch.from_arrays(
+                [pa.array(ids), pa.array([f"p{i}" for i in ids.tolist()])],
+                schema=q8.PERSON_SCHEMA))
+        else:
+            state.add_sellers(end, rng.integers(0, 400, n))
+
+
+def finish_counts(state: q5.WindowCounts) -> Any:
+    return [b.to_pylist() for b in state.retire(None)]
+
+
+def finish_windows(state: q8.WindowState) -> Any:
+    return {end: sorted(state.close(end).to_pylist(), key=str) for end in state.pending_times()}
+
+
+KINDS: dict[str, tuple[Callable[[], ColumnarState], Callable[[Any, Rng], None],
+                       Callable[[Any], Any]]] = {
+    "q5-counts": (lambda: q5.WindowCounts(size=10, slide=5), grow_counts, finish_counts),
+    "q8-windows": (lambda: q8.WindowState(size=10), grow_windows, finish_windows),
+}
+
+
+def whole_state_take(state: ColumnarState, bins: list[int]) -> dict[int, pa.Table]:
+    """The path slices replace: export everything, reload what stays."""
+    everything = state.export()
+    taken = {b: t for b, t in everything.items() if b in set(bins)}
+    if taken:
+        state.clear()
+        state.load({b: t for b, t in everything.items() if b not in set(bins)})
+    return taken
+
+
+def sorted_tables(tables: dict[int, pa.Table]) -> dict[int, list[dict[str, Any]]]:
+    """Per bin, the rows in a canonical order (columns of parts absent from a table are
+    null-filled by ``export``: dropped here with their nulls)."""
+    out = {}
+    for b, t in tables.items():
+        rows = [{k: v for k, v in r.items() if v is not None} for r in t.to_pylist()]
+        out[b] = sorted(rows, key=lambda r: sorted(r.items()))
+    return out
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), bins=st.sampled_from([1, 8, 64]))
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_slices_between_adds_and_prepares_match_the_whole_state_path(
+        kind: str, seed: int, bins: int) -> None:
+    make, grow, finish = KINDS[kind]
+    state, twin = make(), make()
+    state.attach(bins, 0)
+    twin.attach(bins, 0)
+    rng = np.random.default_rng(seed)
+    for _ in range(int(rng.integers(1, 10))):
+        step = int(rng.integers(0, 2**31))
+        grow(state, np.random.default_rng(step))
+        grow(twin, np.random.default_rng(step))
+        if rng.random() < 0.6:
+            before = state.export()
+            # a deadline already passed (nothing, or one window, is prepared) or none
+            state.prepare_take(0.0 if rng.random() < 0.3 else math.inf)
+            after = state.export()
+            assert sorted_tables(after) == sorted_tables(before), kind
+        gone = rng.choice(bins, size=int(rng.integers(0, bins + 1)), replace=False).tolist()
+        taken = state.take(gone)
+        expected = whole_state_take(twin, gone)
+        assert sorted_tables(taken) == sorted_tables(expected), (kind, gone)
+        assert sorted_tables(state.export()) == sorted_tables(twin.export()), kind
+        assert state.pending_times() == twin.pending_times(), kind
+    assert finish(state) == finish(twin), kind
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    make, grow, _ = KINDS[kind]
+    state = make()
+    state.attach(64, 0)
+    rng = np.random.default_rng(7)
+    for _ in range(40):
+        grow(state, rng)
+    assert state.prepare_take(math.inf)
+    held = sum(t.num_rows for t in state.export().values())
+    hashed: list[int] = []
+
+    def counting(column: Any) -> np.ndarray:
+        hashed.append(len(column))
+        return column_hashes(column)
+
+    monkeypatch.setattr(_windows, "column_hashes", counting)
+    taken = state.take(range(0, 64, 8))  # an eighth of the bins
+    rows = sum(t.num_rows for t in taken.values())
+    assert 0 < rows < held / 4, (rows, held)
+    # the taken rows' hashes for the split by bin (each part's once), nothing held
+    assert sum(hashed) <= rows, (kind, hashed, rows, held)
+
+
+def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    memo = ChunkBins()
+    rng = np.random.default_rng(3)
+    chunks = [rng.integers(0, 10**9, int(rng.integers(0, 500))) for _ in range(30)]
+    hashed: list[int] = []
+
+    def counting(column: Any) -> np.ndarray:
+        hashed.append(len(column))
+        return column_hashes(column)
+
+    monkeypatch.setattr(_windows, "column_hashes", counting)
+    got = memo.lookup(chunks, lambda a: a, 256)
+    for chunk, b in zip(chunks, got, strict=True):
+        assert b is not None
+        assert b.tolist() == bins_of(column_hashes(pa.array(chunk)), 256).tolist()
+    assert sum(hashed) == sum(map(len, chunks))
+    memo.lookup(chunks, lambda a: a, 256)
+    assert sum(hashed) == sum(map(len, chunks))  # memoized: nothing hashed again
+    # another bin count is another routing: hashed anew
+    again = memo.lookup(chunks[:1], lambda a: a, 16)
+    assert again[0] is not None
+    assert again[0].tolist() == bins_of(column_hashes(pa.array(chunks[0])), 16).tolist()
+    # a deadline already passed: new chunks are left for later, known ones answered
+    fresh = [rng.integers(0, 10**9, 50)]
+    assert memo.lookup(fresh, lambda a: a, 256, deadline=time.perf_counter() - 1) == [None]
+    assert not memo.warm(fresh, lambda a: a, 256, time.perf_counter() - 1)
+    assert memo.warm(fresh, lambda a: a, 256, math.inf)
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_pickled_state_takes_the_same_rows(kind: str) -> None:
+    make, grow, _ = KINDS[kind]
+    state = make()
+    state.attach(64, 0)
+    rng = np.random.default_rng(11)
+    for _ in range(10):
+        grow(state, rng)
+    state.prepare_take(math.inf)
+    copy = pickle.loads(pickle.dumps(state))
+    assert sorted_tables(copy.take(range(0, 64, 3))) == sorted_tables(state.take(range(0, 64, 3)))
+    assert sorted_tables(copy.export()) == sorted_tables(state.export())
