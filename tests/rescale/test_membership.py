@@ -61,9 +61,11 @@ def test_slots_without_joins_change_nothing() -> None:
 def test_scale_out_and_in_on_the_process_runtime() -> None:
     """Worker processes start, join the mesh and bootstrap while the job runs, then hand
     their bins back and exit; the output is the oracle's."""
-    handle = start(word_count(pace=0.15), workers=FEEDERS, runtime="process", bins=BINS,
+    # 60 epochs over 6 s; the four changes were done ~2.5 s after the start (each join starts
+    # a process)
+    handle = start(word_count(pace=0.1), workers=FEEDERS, runtime="process", bins=BINS,
                    slots=SLOTS)
-    time.sleep(1.0)
+    time.sleep(0.5)
     rosters = [handle.scale(3), handle.scale(4), handle.scale(3), handle.scale(2)]
     results = handle.result(timeout=180)
     assert rosters == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2], [0, 1]]
@@ -77,9 +79,11 @@ def test_scale_out_and_in_on_the_process_runtime() -> None:
 def test_scale_out_and_in_on_spark(spark: Any) -> None:
     """Each joining worker runs as a one-task barrier stage of its own on the same
     SparkSession while the first stage keeps running; the output is the oracle's."""
-    handle = start(word_count(pace=0.15), workers=FEEDERS, runtime="spark", bins=BINS,
+    # 60 epochs over 6 s; the four changes were done ~3 s after the start, ~10 s in a session
+    # that ran no job yet (this file alone: the stage of the job itself then starts late too)
+    handle = start(word_count(pace=0.1), workers=FEEDERS, runtime="spark", bins=BINS,
                    slots=SLOTS, spark=spark)
-    time.sleep(2.0)
+    time.sleep(1.0)
     rosters = [handle.scale(3), handle.scale(4), handle.scale(3), handle.scale(2)]
     results = handle.result(timeout=300)
     assert rosters == [[0, 1, 2], [0, 1, 2, 3], [0, 1, 2], [0, 1]]
