@@ -1,10 +1,11 @@
 """Takes in slices from the NEXMark states that memoize their keys' bins (``ChunkBins``): q5's
 ``WindowCounts`` and q8's ``WindowState``.
 
-A migration step takes its bins in slices (``tokenflow.rescale.megaphone``), and between two
-slices the operator goes on adding rows; before the step, the router lets the state prepare
-(``prepare_take``: merge small chunks, hash the held keys).  Checked on random states and
-random sequences of adds, prepares (finished or cut short by their deadline) and takes:
+Migrations take bins out of a state again and again (fluid: one bin per step; a worker's steps
+one after another), and between two takes the operator goes on adding rows; before a step,
+the router lets the state prepare (``prepare_take``: merge small chunks, hash the held keys).
+Checked on random states and random sequences of adds, prepares (finished or cut short by
+their deadline) and takes:
 
 * every take returns what the whole-state path (export all, reload what stays) returns on a
   twin state that never prepares, and both then export the same rows and finish alike;

@@ -742,7 +742,7 @@ class _Send:
     of the whole state when measuring, else 0)."""
 
     __slots__ = ("time", "tokens", "moves", "targets", "left", "least", "slice", "bytes",
-                 "started", "due", "slices", "longest", "taking")
+                 "started", "due", "slices", "longest", "taking", "prepared")
 
     def __init__(self, time: int, tokens: list[Any], moves: list[Move]) -> None:
         self.time = time
@@ -758,6 +758,7 @@ class _Send:
         self.slices = 0
         self.longest = 0.0
         self.taking = 0.0
+        self.prepared = False  # the state's ``prepare_take`` said it was done
 
     def next_slice(self, bins: int, seconds: float) -> int:
         """Bins of the next slice after one of ``bins`` took ``seconds``: scaled towards
@@ -950,9 +951,11 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     applied = shared.applied
                     if applied and min(applied) < send.time:
                         # S has not applied every record before t yet: meanwhile make the
-                        # take cheaper (hash keys, merge chunks), a little per activation
-                        if send.moves:
-                            shared.prepare(_time.perf_counter() + PREPARE_SECONDS)
+                        # take cheaper (hash keys), a little per activation until done (a
+                        # call passes over the state's chunks; F runs at every message)
+                        if send.moves and not send.prepared:
+                            send.prepared = shared.prepare(
+                                _time.perf_counter() + PREPARE_SECONDS)
                         continue
                     if not shared.per_bin:  # one take: each would pass over all the state
                         send.slice = len(send.left) or 1

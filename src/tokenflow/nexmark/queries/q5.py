@@ -34,8 +34,7 @@ snapshot, each operator re-mints one token per open window end (``pending_times(
 
 from __future__ import annotations
 
-import time
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -91,11 +90,6 @@ COMPACT_AFTER = 64
 """Partial count arrays a window accumulates before they are summed into one."""
 
 
-PREPARED_PARTIALS = 4
-"""Partials a window may hold when a migration's take comes (``prepare_take`` sums more):
-each costs the take a few numpy calls, and summing is a sort of the window's rows."""
-
-
 COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
                            ("count", pa.int64())])
 """``WindowCounts`` as exported rows: a partial count of ``auction``'s bids in the window
@@ -116,8 +110,6 @@ class WindowCounts(ColumnarState):
     Raises:
         ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
     """
-
-    take_per_bin: ClassVar[bool] = True  # a take's cost follows the rows it takes (``ChunkBins``)
 
     def __init__(self, size: int = SIZE_MS, slide: int = SLIDE_MS) -> None:
         if size <= 0 or slide <= 0 or size % slide:
@@ -217,16 +209,10 @@ class WindowCounts(ColumnarState):
         return [a for parts in self.partials.values() for a, _ in parts]
 
     def prepare_take(self, deadline: float) -> bool:
-        """Sum the partials of each window holding more than ``PREPARED_PARTIALS`` into one
-        (as ``rows()`` and ``retire`` would), then hash the held auctions
-        (``ChunkBins.warm``), until ``deadline`` (``time.perf_counter()`` seconds; a window
-        started is finished); True when nothing is left.  A take then handles a few chunks
-        per window."""
-        for end, parts in self.partials.items():
-            if len(parts) > PREPARED_PARTIALS:
-                if time.perf_counter() >= deadline:
-                    return False
-                self.partials[end] = [_sum_counts(parts)]
+        """Hash the held auctions a take would hash (``ChunkBins.warm``) until ``deadline``
+        (``time.perf_counter()`` seconds); True when all are.  Partials are not merged here:
+        new ones keep coming while a step waits, and summing a window again every few adds
+        (a sort of its rows) cost more than the take saved."""
         return self._bins.warm(self._keys(), _first, self.bins or 1, deadline)
 
     def add_rows(self, part: int, table: pa.Table) -> None:

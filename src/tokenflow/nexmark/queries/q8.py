@@ -31,9 +31,8 @@ initial token.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -62,9 +61,6 @@ SCHEMA: pa.Schema = pa.schema([("window_start", pa.int64()), ("window_end", pa.i
                                ("id", pa.int64()), ("name", pa.utf8())])
 WINDOW_MS = 10_000
 """Tumbling window length in ms."""
-PREPARED_CHUNKS = 4
-"""Persons batches (seller arrays) a window may hold when a migration's take comes
-(``WindowState.prepare_take`` merges more): each costs the take a few calls."""
 COMPACT_AFTER = 64
 """A window's last this many person batches (seller arrays) are merged into one."""
 
@@ -116,8 +112,6 @@ class WindowState(ColumnarState):
     """
 
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
-    take_per_bin: ClassVar[bool] = True  # a take's cost follows the rows it takes (``ChunkBins``)
-
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
         self.persons: dict[int, list[pa.RecordBatch]] = {}
@@ -142,13 +136,17 @@ class WindowState(ColumnarState):
         """Hold persons ``rows`` (``PERSON_SCHEMA``) of the window ending at ``end``.  Every
         ``COMPACT_AFTER`` batches added to a window are merged into one (a copy of their rows):
         a window's persons stay in a few hundred batches, not one per 1 ms message, so a
-        take or a close handles few batches."""
+        take or a close handles few batches.  No rows: nothing (a window holds rows)."""
+        if rows.num_rows == 0:
+            return
         self._hold(self.persons.setdefault(end, []), (0, end), rows, lambda loose: pa.Table
                    .from_batches(loose, schema=PERSON_SCHEMA).combine_chunks().to_batches())
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
-        ``COMPACT_AFTER`` arrays added to a window are merged into one."""
+        ``COMPACT_AFTER`` arrays added to a window are merged into one.  No sellers: nothing."""
+        if len(sellers) == 0:
+            return
         self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
                    lambda loose: [np.concatenate(loose)])
 
@@ -299,24 +297,9 @@ class WindowState(ColumnarState):
         return [a for arrays in self.sellers.values() for a in arrays]
 
     def prepare_take(self, deadline: float) -> bool:
-        """Merge the chunks of each window holding more than ``PREPARED_CHUNKS`` persons
-        batches (seller arrays) into one (sellers made distinct, as ``rows()`` and ``close``
-        treat them), then hash the held keys (``ChunkBins.warm``), until ``deadline``
-        (``time.perf_counter()`` seconds; a window started is finished); True when nothing
-        is left.  A take then handles a few chunks per window."""
-        for end, batches in self.persons.items():
-            if len(batches) > PREPARED_CHUNKS:
-                if time.perf_counter() >= deadline:
-                    return False
-                self.persons[end] = pa.Table.from_batches(batches, schema=PERSON_SCHEMA) \
-                    .combine_chunks().to_batches()
-                self._loose.pop((0, end), None)
-        for end, arrays in self.sellers.items():
-            if len(arrays) > PREPARED_CHUNKS:
-                if time.perf_counter() >= deadline:
-                    return False
-                self.sellers[end] = [np.unique(np.concatenate(arrays))]
-                self._loose.pop((1, end), None)
+        """Hash the held ids and sellers a take would hash (``ChunkBins.warm``) until
+        ``deadline`` (``time.perf_counter()`` seconds); True when all are.  Chunks are not
+        merged here (``COMPACT_AFTER`` bounds them): new ones keep coming while a step waits."""
         n = self.bins or 1
         return self._bins.warm(self._person_chunks(), _ids, n, deadline) and \
             self._bins.warm(self._seller_chunks(), _itself, n, deadline)
