@@ -279,6 +279,25 @@ class ChunkBins:
                 self.put(chunks[i], every[lo:hi], bins)
         return found
 
+    def touched(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
+                member: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
+        """The chunks holding a row of a ``member`` bin (``member``: bool per bin): index in
+        ``chunks`` -> (mask of those rows, the chunk's bins).  One gather over all the held
+        rows' bins and one cumulative sum find them, so a take's per-chunk work is for the
+        chunks it takes from only."""
+        found = self.lookup(chunks, keys, len(member))
+        if not found:
+            return {}
+        every = np.concatenate([f for f in found if f is not None])
+        hit = member[every]
+        if not hit.any():
+            return {}
+        offsets = np.cumsum([0, *(len(f) for f in found if f is not None)])
+        before = np.concatenate([[0], np.cumsum(hit)])
+        counts = before[offsets[1:]] - before[offsets[:-1]]
+        return {int(i): (hit[offsets[i]:offsets[i + 1]], found[i])  # type: ignore[misc]
+                for i in np.flatnonzero(counts)}
+
     def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
              bins: int, deadline: float) -> bool:
         """Hash the chunks not seen yet until ``deadline``; True when none is left."""

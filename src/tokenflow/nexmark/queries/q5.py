@@ -165,25 +165,27 @@ class WindowCounts(ColumnarState):
         return [(table, key_hashes(table, "auction"))]
 
     def take_rows(self, member: np.ndarray) -> list[Taken]:
-        """Remove the partial counts of the auctions of ``member`` bins: per held partial, a
-        gather of its rows' bins (hashed once per partial, ``ChunkBins``) and, when rows
-        go, a filter each way; the taken partials are summed per window (as ``rows()`` sums
-        them); a window left without partials is forgotten (its token is released)."""
+        """Remove the partial counts of the auctions of ``member`` bins: one gather over the
+        held rows' bins (hashed once per partial, ``ChunkBins.touched``) finds the partials
+        with rows going, each filtered each way; the taken partials are summed per window (as
+        ``rows()`` sums them); a window left without partials is forgotten (its token is
+        released)."""
         if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
         n = len(member)
-        memo = iter(self._bins.lookup(self._keys(), _first, n))
+        touched = self._bins.touched(self._keys(), _first, member)
         taken: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
         left: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        at = 0
         for end, parts in self.partials.items():
             kept: list[tuple[np.ndarray, np.ndarray]] = []
             for a, c in parts:
-                bins = next(memo)
-                assert bins is not None
-                seg = member[bins]
-                if not seg.any():
+                hit = touched.get(at)
+                at += 1
+                if hit is None:
                     kept.append((a, c))
                     continue
+                seg, bins = hit
                 taken.setdefault(end, []).append((a[seg], c[seg]))
                 if not seg.all():
                     stay = ~seg

@@ -216,27 +216,28 @@ class WindowState(ColumnarState):
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the persons and sellers of ``member`` bins.
 
-        Per held batch of persons (array of sellers): a gather of its rows' bins (hashed once
-        per chunk, ``ChunkBins``) and, when some go, a filter each way; the kept rows stay a
-        chunk of their own, their bins remembered.  The taken persons of a window come in
-        batch order, its taken sellers distinct, as ``rows()`` gives them.  A window left
-        without persons (sellers) is forgotten there; one left with neither releases its
-        token."""
+        One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.touched``)
+        finds the persons batches (seller arrays) with rows going; each of those is filtered
+        each way, the kept rows a chunk of their own with their bins remembered.  The taken
+        persons of a window come in batch order, its taken sellers distinct, as ``rows()``
+        gives them.  A window left without persons (sellers) is forgotten there; one left
+        with neither releases its token."""
         self._loose = {}  # batches added before stay as they are
         n = len(member)
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
-        person_memo = iter(self._bins.lookup(self._person_chunks(), _ids, n))
+        touched = self._bins.touched(self._person_chunks(), _ids, member)
         person_parts: list[pa.RecordBatch] = []
         person_ends: list[np.ndarray] = []
+        at = 0
         for end, batches in list(self.persons.items()):
             kept: list[pa.RecordBatch] = []
             for batch in batches:
-                bins = next(person_memo)
-                assert bins is not None
-                seg = member[bins]
-                if not seg.any():
+                hit = touched.get(at)
+                at += 1
+                if hit is None:
                     kept.append(batch)
                     continue
+                seg, bins = hit
                 taken = batch.filter(pa.array(seg))
                 person_parts.append(taken)
                 person_ends.append(np.full(taken.num_rows, end, dtype=np.int64))
@@ -255,18 +256,19 @@ class WindowState(ColumnarState):
         else:
             persons = PERSON_ROWS.empty_table()
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
-        seller_memo = iter(self._bins.lookup(self._seller_chunks(), _itself, n))
+        touched = self._bins.touched(self._seller_chunks(), _itself, member)
         seller_parts: list[tuple[int, np.ndarray]] = []
+        at = 0
         for end, arrays in list(self.sellers.items()):
             kept_sellers: list[np.ndarray] = []
             gone: list[np.ndarray] = []
             for sellers in arrays:
-                bins = next(seller_memo)
-                assert bins is not None
-                seg = member[bins]
-                if not seg.any():
+                hit = touched.get(at)
+                at += 1
+                if hit is None:
                     kept_sellers.append(sellers)
                     continue
+                seg, bins = hit
                 gone.append(sellers[seg])
                 if not seg.all():
                     stay = ~seg
