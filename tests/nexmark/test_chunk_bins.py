@@ -123,24 +123,36 @@ def test_slices_between_adds_and_prepares_match_the_whole_state_path(
     assert finish(state) == finish(twin), kind
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
-def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str,
-                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def grown(kind: str, seed: int, rounds: int) -> Any:
+    """A state of ``kind`` over 64 bins, grown ``rounds`` times from ``seed``."""
     make, grow, _ = KINDS[kind]
     state = make()
     state.attach(64, 0)
-    rng = np.random.default_rng(7)
-    for _ in range(40):
+    rng = np.random.default_rng(seed)
+    for _ in range(rounds):
         grow(state, rng)
-    assert state.prepare_take(math.inf)
-    held = sum(t.num_rows for t in state.export().values())
-    hashed: list[int] = []
+    return state
+
+
+@pytest.fixture
+def hashed(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The row counts of every ``column_hashes`` call ``ChunkBins`` and ``key_hashes`` make."""
+    calls: list[int] = []
 
     def counting(column: Any) -> np.ndarray:
-        hashed.append(len(column))
+        calls.append(len(column))
         return column_hashes(column)
 
     monkeypatch.setattr(_windows, "column_hashes", counting)
+    return calls
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str, hashed: list[int]) -> None:
+    state = grown(kind, seed=7, rounds=40)
+    assert state.prepare_take(math.inf)
+    held = sum(t.num_rows for t in state.export().values())
+    hashed.clear()  # what the prepare and the export hashed
     taken = state.take(range(0, 64, 8))  # an eighth of the bins
     rows = sum(t.num_rows for t in taken.values())
     assert 0 < rows < held / 4, (rows, held)
@@ -148,18 +160,10 @@ def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str,
     assert sum(hashed) <= rows, (kind, hashed, rows, held)
 
 
-def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(hashed: list[int]) -> None:
     memo = ChunkBins()
     rng = np.random.default_rng(3)
     chunks = [rng.integers(0, 10**9, int(rng.integers(0, 500))) for _ in range(30)]
-    hashed: list[int] = []
-
-    def counting(column: Any) -> np.ndarray:
-        hashed.append(len(column))
-        return column_hashes(column)
-
-    monkeypatch.setattr(_windows, "column_hashes", counting)
     got = memo.lookup(chunks, lambda a: a, 256)
     for chunk, b in zip(chunks, got, strict=True):
         assert b is not None
@@ -180,12 +184,7 @@ def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(
 
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_a_pickled_state_takes_the_same_rows(kind: str) -> None:
-    make, grow, _ = KINDS[kind]
-    state = make()
-    state.attach(64, 0)
-    rng = np.random.default_rng(11)
-    for _ in range(10):
-        grow(state, rng)
+    state = grown(kind, seed=11, rounds=10)
     state.prepare_take(math.inf)
     copy = pickle.loads(pickle.dumps(state))
     assert sorted_tables(copy.take(range(0, 64, 3))) == sorted_tables(state.take(range(0, 64, 3)))

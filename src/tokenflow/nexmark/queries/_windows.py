@@ -279,24 +279,46 @@ class ChunkBins:
                 self.put(chunks[i], every[lo:hi], bins)
         return found
 
-    def touched(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
-                member: np.ndarray) -> dict[int, tuple[np.ndarray, np.ndarray]]:
-        """The chunks holding a row of a ``member`` bin (``member``: bool per bin): index in
-        ``chunks`` -> (mask of those rows, the chunk's bins).  One gather over all the held
-        rows' bins and one cumulative sum find them, so a take's per-chunk work is for the
-        chunks it takes from only."""
-        found = self.lookup(chunks, keys, len(member))
-        if not found:
-            return {}
-        every = np.concatenate([f for f in found if f is not None])
-        hit = member[every]
-        if not hit.any():
-            return {}
-        offsets = np.cumsum([0, *(len(f) for f in found if f is not None)])
+    def split(self, groups: Mapping[Any, Sequence[Any]], memo: Callable[[Any], Any],
+              keys: Callable[[Any], pa.Array | np.ndarray], member: np.ndarray,
+              cut: Callable[[Any, np.ndarray], Any]) -> tuple[dict[Any, list[Any]],
+                                                               dict[Any, list[Any]]]:
+        """Split the chunks of ``groups`` (e.g. per window end) by the bins in ``member`` (bool
+        per bin): ``(taken, kept)``, per group, the rows of those bins (``cut(chunk, mask)`` of
+        each chunk holding some, in chunk order) and the chunks that stay (untouched ones as
+        they are, the others cut to their remaining rows, with those rows' bins remembered);
+        a group left without chunks is absent from ``kept``.  ``memo(chunk)`` is the object
+        its bins are remembered by (the chunk itself, or its key array when the chunk is a
+        tuple, which takes no weak reference) and ``keys(memo(chunk))`` its key column.
+
+        One gather over all the held rows' bins and one cumulative sum find the chunks with
+        rows to take, so the per-chunk work is for those only."""
+        chunks = [c for cs in groups.values() for c in cs]
+        objects = [memo(c) for c in chunks]
+        found = self.lookup(objects, keys, len(member))
+        hit = member[np.concatenate([np.zeros(0, np.uint16), *found])]  # type: ignore[list-item]
+        offsets = np.cumsum([0, *(len(f) for f in found)])  # type: ignore[arg-type]
         before = np.concatenate([[0], np.cumsum(hit)])
-        counts = before[offsets[1:]] - before[offsets[:-1]]
-        return {int(i): (hit[offsets[i]:offsets[i + 1]], found[i])  # type: ignore[misc]
-                for i in np.flatnonzero(counts)}
+        touched = set(np.flatnonzero(before[offsets[1:]] - before[offsets[:-1]]).tolist())
+        taken: dict[Any, list[Any]] = {}
+        kept: dict[Any, list[Any]] = {}
+        at = 0
+        for group, members in groups.items():
+            staying: list[Any] = []
+            for chunk in members:
+                i, at = at, at + 1
+                if i not in touched:
+                    staying.append(chunk)
+                    continue
+                seg = hit[offsets[i]:offsets[i + 1]]
+                taken.setdefault(group, []).append(cut(chunk, seg))
+                if not seg.all():
+                    stay = ~seg
+                    staying.append(cut(chunk, stay))
+                    self.put(memo(staying[-1]), found[i][stay], len(member))  # type: ignore[index]
+            if staying:
+                kept[group] = staying
+        return taken, kept
 
     def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
              bins: int, deadline: float) -> bool:

@@ -166,33 +166,13 @@ class WindowCounts(ColumnarState):
 
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the partial counts of the auctions of ``member`` bins: one gather over the
-        held rows' bins (hashed once per partial, ``ChunkBins.touched``) finds the partials
+        held rows' bins (hashed once per partial, ``ChunkBins.split``) finds the partials
         with rows going, each filtered each way; the taken partials are summed per window (as
         ``rows()`` sums them); a window left without partials is forgotten (its token is
         released)."""
         if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
-        n = len(member)
-        touched = self._bins.touched(self._keys(), _first, member)
-        taken: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        left: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        at = 0
-        for end, parts in self.partials.items():
-            kept: list[tuple[np.ndarray, np.ndarray]] = []
-            for a, c in parts:
-                hit = touched.get(at)
-                at += 1
-                if hit is None:
-                    kept.append((a, c))
-                    continue
-                seg, bins = hit
-                taken.setdefault(end, []).append((a[seg], c[seg]))
-                if not seg.all():
-                    stay = ~seg
-                    kept.append((a[stay], c[stay]))
-                    self._bins.put(kept[-1][0], bins[stay], n)
-            if kept:
-                left[end] = kept
+        taken, left = self._bins.split(self.partials, _first, _itself, member, _cut)
         self.partials = left
         if not taken:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), True)]
@@ -208,14 +188,14 @@ class WindowCounts(ColumnarState):
 
     def _keys(self) -> list[np.ndarray]:
         """Every held partial's auctions, window by window, in order."""
-        return [a for parts in self.partials.values() for a, _ in parts]
+        return [_first(p) for parts in self.partials.values() for p in parts]
 
     def prepare_take(self, deadline: float) -> bool:
         """Hash the held auctions a take would hash (``ChunkBins.warm``) until ``deadline``
         (``time.perf_counter()`` seconds); True when all are.  Partials are not merged here:
         new ones keep coming while a step waits, and summing a window again every few adds
         (a sort of its rows) cost more than the take saved."""
-        return self._bins.warm(self._keys(), _first, self.bins or 1, deadline)
+        return self._bins.warm(self._keys(), _itself, self.bins or 1, deadline)
 
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")
@@ -241,9 +221,19 @@ class WindowCounts(ColumnarState):
             for end, t in snapshot["windows"].items()}
 
 
-def _first(auctions: np.ndarray) -> np.ndarray:
-    """A partial's key column: its auctions (the chunk is the array itself)."""
+def _first(partial: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+    """A partial's auctions: what its bins are remembered by, and its key column."""
+    return partial[0]
+
+
+def _itself(auctions: np.ndarray) -> np.ndarray:
+    """The key column of a partial's auctions: the array itself."""
     return auctions
+
+
+def _cut(partial: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows of a partial where ``mask`` is set."""
+    return partial[0][mask], partial[1][mask]
 
 
 def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,

@@ -88,9 +88,20 @@ def _ids(batch: pa.RecordBatch) -> pa.Array:
     return batch.column("id")
 
 
-def _itself(sellers: np.ndarray) -> np.ndarray:
-    """A sellers array's key column: the array itself."""
-    return sellers
+def _itself(chunk: Any) -> Any:
+    """A chunk's own object: what its bins are remembered by (a sellers array: also its key
+    column)."""
+    return chunk
+
+
+def _filter(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
+    """The rows of a persons batch where ``mask`` is set."""
+    return batch.filter(pa.array(mask))
+
+
+def _mask(sellers: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    """The sellers where ``mask`` is set."""
+    return sellers[mask]
 
 
 class WindowState(ColumnarState):
@@ -216,39 +227,19 @@ class WindowState(ColumnarState):
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the persons and sellers of ``member`` bins.
 
-        One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.touched``)
+        One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.split``)
         finds the persons batches (seller arrays) with rows going; each of those is filtered
         each way, the kept rows a chunk of their own with their bins remembered.  The taken
         persons of a window come in batch order, its taken sellers distinct, as ``rows()``
         gives them.  A window left without persons (sellers) is forgotten there; one left
         with neither releases its token."""
         self._loose = {}  # batches added before stay as they are
-        n = len(member)
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
-        touched = self._bins.touched(self._person_chunks(), _ids, member)
-        person_parts: list[pa.RecordBatch] = []
-        person_ends: list[np.ndarray] = []
-        at = 0
-        for end, batches in list(self.persons.items()):
-            kept: list[pa.RecordBatch] = []
-            for batch in batches:
-                hit = touched.get(at)
-                at += 1
-                if hit is None:
-                    kept.append(batch)
-                    continue
-                seg, bins = hit
-                taken = batch.filter(pa.array(seg))
-                person_parts.append(taken)
-                person_ends.append(np.full(taken.num_rows, end, dtype=np.int64))
-                if not seg.all():
-                    stay = ~seg
-                    kept.append(batch.filter(pa.array(stay)))
-                    self._bins.put(kept[-1], bins[stay], n)
-            if any(b.num_rows for b in kept):
-                self.persons[end] = kept
-            else:
-                del self.persons[end]
+        taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter)
+        self.persons = kept
+        person_parts = [b for batches in taken.values() for b in batches]
+        person_ends = [np.full(b.num_rows, end, dtype=np.int64)
+                       for end, batches in taken.items() for b in batches]
         if person_parts:
             people = pa.Table.from_batches(person_parts, schema=PERSON_SCHEMA)
             persons = pa.table([np.concatenate(person_ends), people.column("id"),
@@ -256,30 +247,9 @@ class WindowState(ColumnarState):
         else:
             persons = PERSON_ROWS.empty_table()
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
-        touched = self._bins.touched(self._seller_chunks(), _itself, member)
-        seller_parts: list[tuple[int, np.ndarray]] = []
-        at = 0
-        for end, arrays in list(self.sellers.items()):
-            kept_sellers: list[np.ndarray] = []
-            gone: list[np.ndarray] = []
-            for sellers in arrays:
-                hit = touched.get(at)
-                at += 1
-                if hit is None:
-                    kept_sellers.append(sellers)
-                    continue
-                seg, bins = hit
-                gone.append(sellers[seg])
-                if not seg.all():
-                    stay = ~seg
-                    kept_sellers.append(sellers[stay])
-                    self._bins.put(kept_sellers[-1], bins[stay], n)
-            if gone:
-                seller_parts.append((end, np.unique(np.concatenate(gone))))
-            if any(len(a) for a in kept_sellers):
-                self.sellers[end] = kept_sellers
-            else:
-                del self.sellers[end]
+        gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask)
+        self.sellers = left
+        seller_parts = [(end, np.unique(np.concatenate(arrays))) for end, arrays in gone.items()]
         if seller_parts:
             sellers_taken = pa.table(
                 [np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a in seller_parts]),
