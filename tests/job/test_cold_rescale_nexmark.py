@@ -107,7 +107,7 @@ def test_query_cold_rescale_2_to_3_on_processes_and_spark(tmp_path: Path, name: 
     assert rows(first, second) == expected
 
 
-@settings(max_examples=20, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
 @given(name=st.sampled_from(["q3", "q4", "q5", "q7", "q8"]), before=st.integers(1, 4),
        after=st.integers(1, 4), pause=st.integers(0, 31))
 def test_snapshot_at_any_epoch_and_any_worker_counts(tmp_path_factory: pytest.TempPathFactory,

@@ -47,7 +47,7 @@ from tokenflow.progress.broadcast import Progcaster
 from tokenflow.progress.change_batch import ChangeBatch
 from tokenflow.worker import Worker
 
-SEEDS = 240
+SEEDS = 192
 SEED_CHUNKS = 8
 B_MAX = 200
 """Loop inputs are below ``B_MAX``, so a value is halved at most ``B_MAX.bit_length()`` times."""
