@@ -29,6 +29,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nexmark_states import add_random_windows
 
 from tokenflow.dataflow.routing import column_hashes
 from tokenflow.nexmark.queries import _windows, q5, q8
@@ -47,16 +48,7 @@ def grow_counts(state: q5.WindowCounts, rng: Rng) -> None:
 
 def grow_windows(state: q8.WindowState, rng: Rng) -> None:
     """A few batches of persons and sellers (sellers repeat) in a few windows."""
-    for _ in range(int(rng.integers(1, 40))):
-        end = int(rng.integers(1, 5)) * 10
-        n = int(rng.integers(0, 8))
-        if rng.random() < 0.5:
-            ids = rng.integers(0, 400, n)
-            state.add_persons(end, pa.RecordBatch.from_arrays(
-                [pa.array(ids), pa.array([f"p{i}" for i in ids.tolist()])],
-                schema=q8.PERSON_SCHEMA))
-        else:
-            state.add_sellers(end, rng.integers(0, 400, n))
+    add_random_windows(state, rng, int(rng.integers(1, 40)))
 
 
 def finish_counts(state: q5.WindowCounts) -> Any:

@@ -27,6 +27,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from nexmark_states import add_random_windows
 
 from tokenflow.nexmark.queries import q3, q4, q5, q8
 from tokenflow.nexmark.queries._windows import ColumnarState, WindowMaxState
@@ -98,16 +99,7 @@ def window_max(key: str | None) -> Callable[[Rng], WindowMaxState]:
 
 def window_state(rng: Rng) -> q8.WindowState:
     state = q8.WindowState(size=10)
-    for _ in range(int(rng.integers(0, 300))):  # beyond COMPACT_AFTER batches per window
-        end = int(rng.integers(1, 5)) * 10
-        n = int(rng.integers(0, 8))
-        if rng.random() < 0.5:
-            ids = rng.integers(0, 400, n)
-            state.add_persons(end, pa.RecordBatch.from_arrays(
-                [pa.array(ids), pa.array([f"p{i}" for i in ids.tolist()])],
-                schema=q8.PERSON_SCHEMA))
-        else:
-            state.add_sellers(end, rng.integers(0, 400, n))  # with repeats
+    add_random_windows(state, rng, int(rng.integers(0, 300)))  # beyond COMPACT_AFTER a window
     return state
 
 
