@@ -606,7 +606,8 @@ class Shared:
         per_bin: the state's ``take_per_bin``: F takes a step's bins in slices (else in one
             call, then sends).
         prepare: the state's ``prepare_take(deadline)``: F calls it while a step moving bins
-            away waits for S, at most ``PREPARE_SECONDS`` per activation.
+            away waits for S, at most ``PREPARE_SECONDS`` per activation, until it returns
+            True once for that step.
         applied: S's input frontier (elements of all its inputs) when it last ran: F sends a
             bin's state at ``t`` once no element is ``< t``.
         waiting: F waits for S (S activates F after each run).

@@ -221,13 +221,13 @@ class ChunkBins:
     """The bin of every row of a columnar state's key chunks, computed once per chunk.
 
     A ``ColumnarState`` holds its rows in chunks it replaces but never changes in place (numpy
-    arrays, record batches).  A migration takes a step's bins in slices of a few milliseconds
-    each (``tokenflow.rescale.megaphone``); hashing every held key in every slice would make
-    each slice cost as much as taking everything.  Here a chunk's keys are hashed the first
-    time a take sees it and the bins are kept for the later slices: a slice then costs one
-    gather of the held rows' bins (``member[bins]``, about a nanosecond a row) plus the work
-    on the rows it takes.  What a take keeps of a chunk is a new chunk: ``put`` hands it the
-    kept rows' bins, so it is not hashed again.
+    arrays, record batches).  Migrations take bins out again and again (fluid: a one-bin step
+    after another), and hashing every held key at every take made each cost as much as taking
+    everything.  Here a chunk's keys are hashed once, ahead of a step (``prepare_take``) or at
+    the first take that sees it, and the bins kept for later takes: a take then costs one
+    gather of the held rows' bins (``member[bins]``) plus the work on the rows it takes.  What
+    a take keeps of a chunk is a new chunk: ``put`` hands it the kept rows' bins, so it is not
+    hashed again.
 
     Entries are keyed by the chunk's identity and dropped when the chunk is freed (a weak
     reference), so bins of chunks the state let go take no memory; the memo is not state (it
