@@ -117,7 +117,7 @@ class WindowCounts(ColumnarState):
         self.size = size
         self.slide = slide
         self.partials: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
-        self._bins = ChunkBins()  # bins of the partials' auctions, for takes in slices
+        self._bins = ChunkBins()  # bins of the partials' auctions, hashed once across takes
 
     def add(self, start: np.ndarray, auction: np.ndarray, count: np.ndarray) -> None:
         """Add partial counts: ``count[i]`` bids of ``auction[i]`` in the window starting at

@@ -128,7 +128,7 @@ class WindowState(ColumnarState):
         self.persons: dict[int, list[pa.RecordBatch]] = {}
         self.sellers: dict[int, list[np.ndarray]] = {}
         self._loose: dict[tuple[int, int], int] = {}  # (part, end) -> batches added unmerged
-        self._bins = ChunkBins()  # bins of the held ids and sellers, for takes in slices
+        self._bins = ChunkBins()  # bins of the held ids and sellers, hashed once across takes
 
     def windows(self, times: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
         """The distinct window ends of event ``times`` (ms) and, per end, the rows in it."""
