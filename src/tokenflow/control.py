@@ -559,11 +559,19 @@ class ControlAgent:
             roster = [int(w) for w in message["roster"]]
             strategy = str(message.get("strategy", "batched"))
             replace = message.get("replace")
+            # operators whose data has ended have nothing left to move (their state is
+            # final); a change none of them can make is refused rather than acknowledged
+            live = [r for r in worker.rescalers if not r.ended]
+            if worker.rescalers and not live:
+                self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
+                                "steps": 0, "error": "the data of every migrating operator "
+                                "has ended: no logical time is left to move bins at"})
+                return None
             if replace is not None:  # a rolling upgrade: [old, new]
                 old, new = (int(w) for w in replace)
-                steps = sum(r.replace_owner(old, new, strategy) for r in worker.rescalers)
+                steps = sum(r.replace_owner(old, new, strategy) for r in live)
             else:
-                steps = sum(r.rescale_roster(roster, strategy) for r in worker.rescalers)
+                steps = sum(r.rescale_roster(roster, strategy) for r in live)
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
         elif kind in MEMBERSHIP_COMMANDS:

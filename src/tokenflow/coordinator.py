@@ -303,7 +303,8 @@ _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
                      isinstance(k, str) and isinstance(x, int | float) and not isinstance(x, bool)
                      for k, x in v.items()))},
     "write_failed": {"error": lambda v: isinstance(v, str) and len(v) <= 4096},
-    "rescaled": {"steps": lambda v: _is_int(v) and v >= 0},
+    "rescaled": {"steps": lambda v: _is_int(v) and v >= 0,
+                 "error": lambda v: v is None or (isinstance(v, str) and len(v) <= 4096)},
 }
 """Fields the control plane (``tokenflow.control``) reads from each kind of reply."""
 

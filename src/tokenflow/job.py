@@ -194,7 +194,9 @@ class JobHandle:
 
         Raises:
             ValueError: a roster member that is not a worker of the job.
-            ControlError: worker 0 did not acknowledge within ``timeout`` s.
+            ControlError: worker 0 did not acknowledge within ``timeout`` s, or refused
+                because the data of every migrating operator has ended (no logical time is
+                left to move bins at; their state stays where it is).
         """
         members = list(range(roster)) if isinstance(roster, int) else sorted(set(roster))
         if not members or not set(members) <= set(self.roster) | set(range(self.workers)):
@@ -207,7 +209,8 @@ class JobHandle:
         """Send worker 0 a ``rescale`` command and wait for its ``rescaled`` (its steps).
 
         Raises:
-            ControlError: no acknowledgement within ``timeout`` s, or the job ended.
+            ControlError: no acknowledgement within ``timeout`` s, the job ended, or worker 0
+                refused (the migrating operators' data has ended).
         """
         from tokenflow.control import ControlError
 
@@ -216,6 +219,8 @@ class JobHandle:
         while time.monotonic() < deadline:
             reply = self.hub.receive(0.1)
             if reply is not None and reply.get("kind") == "rescaled":
+                if reply.get("error"):
+                    raise ControlError(f"{what} was not carried out: {reply['error']}")
                 return int(reply.get("steps", 0))
             if not self.running:
                 break

@@ -83,3 +83,50 @@ def test_a_rescale_asked_as_the_data_ends_lets_the_job_finish(strategy: str) -> 
         merged.update(r["state"])
     assert merged == dict(expected)
     assert sum(r["moved"] for r in results) > 0, "the steps sent at the end moved nothing"
+
+
+def test_a_rescale_asked_after_the_data_ended_is_refused_not_acknowledged() -> None:
+    """Once the control source has seen the end of the data it holds no token, so a step
+    can no longer be sent: ``JobHandle.rescale`` must say the change was not carried out
+    (it used to return the planned steps while nothing moved) and the routing table stays."""
+    import threading
+    import time
+
+    from tokenflow.control import ControlError
+    from tokenflow.job import start
+
+    ended, release = threading.Event(), threading.Event()
+
+    def run(worker: Any) -> dict[str, Any]:
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+            return inp, handle, handle.stream.probe()
+
+        inp, handle, probe = worker.dataflow(build)
+        for w in words(worker.index, 0):
+            inp.send(w)
+        inp.close()
+        worker.step_while(lambda: not probe.done())
+        if worker.index == 0:
+            worker.step_while(lambda: not handle.controller.ended)
+            ended.set()
+        deadline = time.monotonic() + 30
+        while not release.is_set() and time.monotonic() < deadline:
+            worker.step_or_park(0.005)  # keeps answering the control plane
+        return {"owners": handle.controller.table.owners.tolist(),
+                "changes": len(handle.controller.changes), "state": dict(handle.state.data)}
+
+    handle = start(run, workers=2, runtime="thread", bins=BINS)
+    try:
+        assert ended.wait(30), "the control source never saw the end of the data"
+        with pytest.raises(ControlError, match="not carried out: the data of every migrating"):
+            handle.rescale(1)
+    finally:
+        release.set()
+    results = handle.result(timeout=60)
+    assert results[0]["changes"] == 0
+    assert results[0]["owners"] == RoutingTable.even(2, BINS).owners.tolist()
+    merged = {**results[0]["state"], **results[1]["state"]}
+    assert merged == dict(Counter(w for worker in range(2) for w in words(worker, 0)))

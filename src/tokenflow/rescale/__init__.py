@@ -15,6 +15,7 @@ from tokenflow.dataflow.operators.stateful import REMOVE
 from tokenflow.rescale.megaphone import (
     STRATEGIES,
     Controller,
+    DataEndedError,
     MegaphoneHandle,
     MigrationHandle,
     Move,
@@ -24,6 +25,6 @@ from tokenflow.rescale.megaphone import (
 )
 from tokenflow.rescale.migrate import Elastic, LeastToken, keyed_operator, migrates, migrating_operator
 
-__all__ = ["REMOVE", "STRATEGIES", "Controller", "Elastic", "LeastToken", "MegaphoneHandle",
+__all__ = ["REMOVE", "STRATEGIES", "Controller", "DataEndedError", "Elastic", "LeastToken", "MegaphoneHandle",
            "MigrationHandle", "Move", "StepStats", "keyed_operator", "megaphone_fold", "migrates",
            "migrating_operator", "plan"]

@@ -372,6 +372,12 @@ class LoadStats:
     loading: float = 0.0
 
 
+class DataEndedError(RuntimeError):
+    """A rescale asked for after a migrating operator's data ended: its control source has
+    sent its last step and dropped its token, so no logical time is left to move bins at
+    (the operator's state is final and stays where it is)."""
+
+
 class Controller:
     """Requests migrations (on worker 0; the other workers' controllers are inert).
 
@@ -393,6 +399,9 @@ class Controller:
         self.activate: Callable[[], None] = lambda: None
         self.driving = False
         """True on the worker whose control source sends the steps (worker 0)."""
+        self.ended = False
+        """True once the driving control source has seen the end of the data and dropped its
+        token: ``rescale`` then raises ``DataEndedError``."""
         self.floor = 0
         """No step is sent at a time below it: a restored operator's checkpoint epoch (its
         restored stash and pending work are at earlier times, on the owners of that table;
@@ -419,7 +428,11 @@ class Controller:
 
         Raises:
             ValueError: an unknown strategy or a table of another bin count (``plan``).
+            DataEndedError: the data has ended (``ended``); nothing changes.
         """
+        if self.ended:
+            raise DataEndedError(f"{self.key or 'a migrating operator'}: its data has ended, "
+                                 "so no time is left to move bins at (its state is final)")
         steps = plan(self.table, table, strategy, batch_bins)
         for i, step in enumerate(steps):
             self._steps.append((step, table if i == 0 else None))
@@ -524,6 +537,7 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
                     return  # the router activates this source when the data frontier moves
             if not frontier:  # the data is done (and the steps above, if any, are sent)
                 held.pop().drop()
+                controller.ended = True
                 return
             if min(frontier) + lead > token.time:
                 token.downgrade(min(frontier) + lead)
