@@ -308,3 +308,44 @@ def test_a_taken_state_loads_back() -> None:
         other.load(taken)
         after = {**state.export(), **other.export()}
         same_tables(after, before, ordered=False, what=kind)
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), bins=st.sampled_from([1, 8, 64, 256]),
+       workers=st.integers(1, 3))
+@pytest.mark.parametrize("kind", sorted(STATES))
+def test_take_to_is_take_grouped_by_new_owner(kind: str, seed: int, bins: int,
+                                              workers: int) -> None:
+    """``take_to({bin: worker})`` (a migration step's one table per new owner) holds, per
+    worker, exactly the rows ``take`` returns for that worker's bins (any order), leaves the
+    same rest, and loaded on the new owner exports what loading the per-bin tables does."""
+    make, finish = STATES[kind]
+    state, twin = make(np.random.default_rng(seed)), make(np.random.default_rng(seed))
+    rng = np.random.default_rng(seed + 1)
+    home = int(rng.integers(0, bins))
+    state.attach(bins, home)
+    twin.attach(bins, home)
+    moving = rng.choice(bins, size=int(rng.integers(0, bins + 1)), replace=False).tolist()
+    targets = {b: int(rng.integers(0, workers)) for b in moving}
+
+    grouped = state.take_to(targets)
+    per_bin = twin.take(moving)
+
+    assert set(grouped) <= set(range(workers)), kind
+    for w in range(workers):
+        bins_of_w = [b for b, t in targets.items() if t == w and b in per_bin]
+        if not bins_of_w:
+            assert w not in grouped or grouped[w].num_rows == 0, (kind, w)
+            continue
+        whole = pa.concat_tables([per_bin[b] for b in bins_of_w], promote_options="default")
+        got = grouped[w]
+        assert rows_of(got.select(whole.column_names)) == rows_of(whole), (kind, w)
+        fresh, oracle = make(np.random.default_rng(7)), make(np.random.default_rng(7))
+        for s in (fresh, oracle):
+            s.clear()
+            s.attach(bins, 0)
+        fresh.load({min(bins_of_w): got})
+        oracle.load({b: per_bin[b] for b in bins_of_w})
+        same_tables(fresh.export(), oracle.export(), ordered=False, what=f"{kind}: loaded")
+    same_tables(state.export(), twin.export(), ordered=False, what=f"{kind}: the rest")
+    assert finish(state) == finish(twin), kind

@@ -615,6 +615,10 @@ class Shared:
 
     Attributes:
         take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
+        take_to: the state's ``take_to({bin: new owner}) -> {new owner: pa.Table}`` when it
+            has one and takes a step in one call (a ``ColumnarState``): F then sends each new
+            owner one table of all its bins' rows, keyed by the least of those bins (the
+            state's ``load`` takes rows of any bins), instead of one table per bin.
         sizes: bytes per bin of all the state held (``pa.Table.nbytes`` of each bin's
             table in a full export; measuring).
         per_bin: the state's ``take_per_bin``: F takes a step's bins in slices (else in one
@@ -632,6 +636,7 @@ class Shared:
     """
 
     take: Callable[[list[int]], dict[int, pa.Table]]
+    take_to: Callable[[dict[int, int]], dict[int, pa.Table]] | None = None
     sizes: Callable[[], dict[int, int]] = dict
     per_bin: bool = True
     prepare: Callable[[float], bool] = lambda deadline: True
@@ -857,7 +862,17 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 if not send.slices:
                     send.due = _time.time()
                 began = _time.perf_counter()
-                parts = shared.take(chunk)
+                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
+                if shared.take_to is not None:  # one table per new owner, under its least bin
+                    wanted = {b: send.targets[b] for b in chunk}
+                    parts = shared.take_to(wanted)
+                    for target, rows in parts.items():
+                        by_target[target][min(b for b, w in wanted.items() if w == target)] = rows
+                else:
+                    parts = shared.take(chunk)
+                    for b in chunk:
+                        if b in parts:
+                            by_target[send.targets[b]][b] = parts[b]
                 spent = _time.perf_counter() - began
                 send.slices += 1
                 send.taking += spent
@@ -865,10 +880,6 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 if shared.per_bin:
                     send.slice = send.next_slice(len(chunk), spent)
                 crash_point("megaphone.move")  # taken out here, not yet sent: in flight
-                by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
-                for b in chunk:
-                    if b in parts:
-                        by_target[send.targets[b]][b] = parts[b]
                 if by_target:
                     outs[0].give_batch(send.tokens[0], [(target, "s", MovedState(tables))
                                                         for target, tables in by_target.items()])
