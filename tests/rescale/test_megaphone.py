@@ -123,9 +123,14 @@ def test_steps_sent_and_loaded_in_one_bin_slices_keep_the_output(
                                              for m in plan(a, b, "all-at-once"))
     assert max(s.slices for s in steps) > 1  # a step went out over several activations
     assert all(s.longest <= s.taking and s.due <= s.sent for s in steps if s.slices)
+    # a slice's thread CPU time is recorded and is no more than the wall time of the takes
+    assert any(s.longest_cpu > 0 for s in steps)
+    assert all(s.longest_cpu <= s.taking + 0.002 for s in steps if s.slices)
     loads = [s for r in results for s in r["loads"]]
     assert loads and max(s.slices for s in loads) > 1
     assert all(s.arrived <= s.loaded for s in loads)
+    assert any(s.longest_cpu > 0 for s in loads)
+    assert all(s.longest_cpu <= s.loading + 0.002 for s in loads)
 
 
 def test_plan_moves_only_changed_bins_and_batched_rounds_are_matchings() -> None:

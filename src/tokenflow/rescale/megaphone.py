@@ -306,13 +306,14 @@ class LoadQueue:
             first = False
             time, parts = self.queue[0]
             chunk = sorted(parts)[:self.slice]
-            began = _time.perf_counter()
+            began, cpu = _time.perf_counter(), _time.thread_time()
             self.load({b: parts.pop(b) for b in chunk})
             spent = _time.perf_counter() - began
             stats = self.stats[time]
             stats.slices += 1
             stats.loading += spent
             stats.longest = max(stats.longest, spent)
+            stats.longest_cpu = max(stats.longest_cpu, _time.thread_time() - cpu)
             want = len(chunk) * SLICE_SECONDS / max(spent, 1e-6)
             self.slice = max(1, int(min(max(want, len(chunk) / 2), 4 * len(chunk))))
             if not parts:
@@ -344,7 +345,9 @@ class StepStats:
     Timings (wall clock, ``time.time()`` s; 0 when nothing was sent): ``due`` when the first
     slice's take began (S had applied every record before ``time``), ``sent`` when the last
     slice was flushed to the mesh; ``slices`` taken, the ``longest`` one's take (s) and all
-    of them (``taking``, s)."""
+    of them (``taking``, s); ``longest_cpu``: the most CPU time one slice's take used on the
+    worker's thread (s, ``time.thread_time``: the wall time less what the OS gave other
+    processes meanwhile, e.g. 4 workers on 2 cores)."""
 
     time: int
     bins: int
@@ -355,6 +358,7 @@ class StepStats:
     slices: int = 0
     longest: float = 0.0
     taking: float = 0.0
+    longest_cpu: float = 0.0
 
 
 @dataclass
@@ -362,7 +366,7 @@ class LoadStats:
     """The moved state one worker received at logical time ``time``: when its first part
     reached the operator (``arrived``) and when the last was loaded (``loaded``; wall clock,
     ``time.time()`` s), the ``slices`` loaded, the ``longest`` one (s) and all (``loading``,
-    s)."""
+    s); ``longest_cpu``: the most thread CPU time one slice used (s, as ``StepStats``)."""
 
     time: int
     arrived: float
@@ -370,6 +374,7 @@ class LoadStats:
     slices: int = 0
     longest: float = 0.0
     loading: float = 0.0
+    longest_cpu: float = 0.0
 
 
 class DataEndedError(RuntimeError):
@@ -762,7 +767,7 @@ class _Send:
     of the whole state when measuring, else 0)."""
 
     __slots__ = ("time", "tokens", "moves", "targets", "left", "least", "slice", "bytes",
-                 "started", "due", "slices", "longest", "taking", "prepared")
+                 "started", "due", "slices", "longest", "taking", "longest_cpu", "prepared")
 
     def __init__(self, time: int, tokens: list[Any], moves: list[Move]) -> None:
         self.time = time
@@ -778,6 +783,7 @@ class _Send:
         self.slices = 0
         self.longest = 0.0
         self.taking = 0.0
+        self.longest_cpu = 0.0
         self.prepared = False  # the state's ``prepare_take`` said it was done
 
     def next_slice(self, bins: int, seconds: float) -> int:
@@ -861,7 +867,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 del send.left[:send.slice]
                 if not send.slices:
                     send.due = _time.time()
-                began = _time.perf_counter()
+                began, cpu = _time.perf_counter(), _time.thread_time()
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 if shared.take_to is not None:  # one table per new owner, under its least bin
                     wanted = {b: send.targets[b] for b in chunk}
@@ -877,6 +883,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 send.slices += 1
                 send.taking += spent
                 send.longest = max(send.longest, spent)
+                send.longest_cpu = max(send.longest_cpu, _time.thread_time() - cpu)
                 if shared.per_bin:
                     send.slice = send.next_slice(len(chunk), spent)
                 crash_point("megaphone.move")  # taken out here, not yet sent: in flight
@@ -996,7 +1003,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     break
                 finished.append(StepStats(send.time, len(send.moves), send.bytes,
                                           send.started, send.due, 0.0, send.slices,
-                                          send.longest, send.taking))
+                                          send.longest, send.taking, send.longest_cpu))
                 for token in send.tokens:
                     token.drop()
                 sends.remove(send)

@@ -73,6 +73,8 @@ class ChangeReport:
         longest_take, longest_load: the longest single slice of a take (on a sender) and of
             a load (on a receiver), seconds: the longest the change's own work held a worker
             in one go (``StepStats.longest``, ``LoadStats.longest``).
+        longest_take_cpu, longest_load_cpu: the most thread CPU time one slice used, seconds
+            (``longest_cpu``; below the wall time when the OS ran other processes meanwhile).
         timeline: per step time (over operators and workers), wall-clock seconds
             (``time.time()``): ``due`` (the first sender's first take began), ``sent`` (the
             last sender flushed its last slice), ``arrived`` (the first part reached a
@@ -99,6 +101,8 @@ class ChangeReport:
     end: int = 0
     longest_take: float = 0.0
     longest_load: float = 0.0
+    longest_take_cpu: float = 0.0
+    longest_load_cpu: float = 0.0
     timeline: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -234,6 +238,8 @@ def _timing(parts: Sequence[dict[str, Any]], name: str, lo: int,
                 entry[spent] = entry.get(spent, 0.0) + s[spent]
                 longest = f"longest_{kind}"
                 entry[longest] = max(entry.get(longest, 0.0), s["longest"])
+                entry[f"{longest}_cpu"] = max(entry.get(f"{longest}_cpu", 0.0),
+                                              s.get("longest_cpu", 0.0))
     return out
 
 
@@ -252,8 +258,9 @@ def _merged_timing(timings: Sequence[dict[int, dict[str, float]]]) -> dict[str, 
                 elif key != "time":
                     into[key] = into.get(key, 0.0) + value
     timeline = [merged[t] for t in sorted(merged)]
-    return {"longest_take": max((e.get("longest_take", 0.0) for e in timeline), default=0.0),
-            "longest_load": max((e.get("longest_load", 0.0) for e in timeline), default=0.0),
+    longest = {key: max((e.get(key, 0.0) for e in timeline), default=0.0)
+               for key in ("longest_take", "longest_load", "longest_take_cpu", "longest_load_cpu")}
+    return {**longest,
             "timeline": [{k: v for k, v in e.items() if not k.startswith("longest_")}
                          for e in timeline]}
 
