@@ -15,8 +15,8 @@ Runtimes: ``process`` (2 worker processes) and ``spark`` (Spark ``local[2]``, 2 
 Faults (picked round-robin, the moment at random):
 
 * ``worker``: SIGKILL of one worker process (process runtime: a child of the driver; Spark: a
-  Python worker forked by ``pyspark.daemon``) at a random moment after the first checkpoint;
-  the driver restarts the job from the latest checkpoint by itself.
+  Python worker forked by the executor's daemon, ``tokenflow.spark.daemon`` on ``local[n]``)
+  at a random moment after the first checkpoint; the driver restarts the job from the latest checkpoint by itself.
 * ``driver``: SIGKILL of the driver process (its workers die with it: PDEATHSIG on ``process``,
   the JVM on ``spark``) at a random moment after the first checkpoint, then a new driver resumes
   from the checkpoint directory (what ``tokenflow resume DIR`` does).
@@ -72,6 +72,9 @@ CORRUPTIONS = ("truncate", "flip", "index", "manifest")
 WORDCOUNT = "benchmarks.kill_trials.wordcount"
 EVENTS = {"q4": 1_500_000, "q5": 3_000_000, "q8": 3_000_000}
 """Events per NEXMark query: each run lasts about 5 s on 2 processes, so a fault lands."""
+SPARK_DAEMONS = ("tokenflow.spark.daemon", "pyspark.daemon")
+"""Modules of the Python worker daemons that fork a Spark task's worker (``local[n]``
+sessions use tokenflow's; a session configured otherwise, PySpark's)."""
 ATTEMPTS = 3
 """Times a trial is run again (another random moment) when its fault did not fire."""
 
@@ -197,8 +200,8 @@ def workers_of(driver: int, runtime: str) -> list[int]:
             continue
         if runtime == "process" and ("spawn_main" in cmd or "multiprocessing.forkserver" in parent):
             out.append(p.pid)  # spawned, or forked by the runtime's forkserver (its children)
-        elif runtime == "spark" and "pyspark.daemon" in parent and "pyspark.daemon" in cmd:
-            out.append(p.pid)
+        elif runtime == "spark" and any(d in parent and d in cmd for d in SPARK_DAEMONS):
+            out.append(p.pid)  # forked by the executor's Python worker daemon
     return out
 
 

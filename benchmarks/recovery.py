@@ -1415,10 +1415,12 @@ def recovery_commentary(runs: list[RecoveryRun], spark_launch: list[float] | Non
                 "the aborted stage must be free first")
                if runtime == "spark" and spark_launch else "")
             + f"; *start* ({med['start']:.2f} s) is "
-            + ("spawning two interpreters that import tokenflow, pyarrow and numpy, and the mesh"
+            + ("forking two workers from the runtime's forkserver, which imported tokenflow, "
+               "pyarrow and numpy once, and the mesh"
                if runtime == "process" else
-               "a new barrier stage: task scheduling, Python workers forked by `pyspark.daemon` "
-               "importing tokenflow, the mesh")
+               "a new barrier stage: task scheduling, Python workers forked by "
+               "`tokenflow.spark.daemon` (tokenflow, pyarrow and pandas imported before the "
+               "fork), the mesh")
             + f"; *load* ({med['load']:.2f} s) reads and unpickles each worker's half of the "
             f"state; *replay* ({med['replay']:.2f} s) recomputes the epochs since the checkpoint "
             "from the backlog, discarding their output, and commits the next one.  Each "

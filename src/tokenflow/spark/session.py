@@ -10,6 +10,10 @@ import sys
 import time
 from typing import Any
 
+DAEMON_MODULE = "tokenflow.spark.daemon"
+"""The Python worker daemon of ``local[n]`` sessions: PySpark's, with tokenflow's worker
+modules imported before it forks (``tokenflow.spark.daemon``)."""
+
 _SESSION: Any = None
 _MASTER: str | None = None
 startup_seconds: float = 0.0
@@ -18,6 +22,10 @@ startup_seconds: float = 0.0
 
 def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: str) -> Any:
     """The process's SparkSession, started on first use with ``master`` (default ``local[2]``).
+
+    A ``local[n]`` session forks its Python workers from ``tokenflow.spark.daemon``, which
+    has imported tokenflow, pyarrow and pandas once (``conf`` may set another
+    ``spark.python.daemon.module``).
 
     Raises:
         RuntimeError: when a session already runs with a different master.
@@ -46,6 +54,8 @@ def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: 
         .config("spark.driver.memory", "2g")
         .config("spark.sql.session.timeZone", "UTC")
     )
+    if master.startswith("local"):  # executors run this interpreter: it imports tokenflow
+        builder = builder.config("spark.python.daemon.module", DAEMON_MODULE)
     for key, value in conf.items():
         builder = builder.config(key, value)
     _SESSION = builder.getOrCreate()
