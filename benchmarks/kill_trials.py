@@ -16,7 +16,8 @@ Faults (picked round-robin, the moment at random):
 
 * ``worker``: SIGKILL of one worker process (process runtime: a child of the driver; Spark: a
   Python worker forked by the executor's daemon, ``tokenflow.spark.daemon`` on ``local[n]``)
-  at a random moment after the first checkpoint; the driver restarts the job from the latest checkpoint by itself.
+  at a random moment after the first checkpoint; the driver restarts the job from the latest
+  checkpoint by itself.
 * ``driver``: SIGKILL of the driver process (its workers die with it: PDEATHSIG on ``process``,
   the JVM on ``spark``) at a random moment after the first checkpoint, then a new driver resumes
   from the checkpoint directory (what ``tokenflow resume DIR`` does).
