@@ -26,19 +26,20 @@ def words(worker: int, epoch: int) -> list[str]:
     return [f"w{(worker * 7 + epoch * 3 + i) % 11}" for i in range(20)]
 
 
+def running_counts(scope: Any, initial: RoutingTable | None = None) -> Any:
+    """An input of words, their running counts in a Megaphone fold, and a probe on them."""
+    inp, stream = scope.new_input()
+    handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                            lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]), initial=initial)
+    return inp, handle, handle.stream.probe()
+
+
 def job(strategy: str) -> Any:
     start = RoutingTable(RoutingTable.even(2, BINS).owners, range(WORKERS))
     target = start.rebalanced([0, 1, 2])
 
     def run(worker: Any) -> dict[str, Any]:
-        def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
-                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]),
-                                    initial=start)
-            return inp, handle, handle.stream.probe()
-
-        inp, handle, probe = worker.dataflow(build)
+        inp, handle, probe = worker.dataflow(lambda scope: running_counts(scope, start))
         for e in range(EPOCHS):
             for w in words(worker.index, e):
                 inp.send(w)
@@ -98,13 +99,7 @@ def test_a_rescale_asked_after_the_data_ended_is_refused_not_acknowledged() -> N
     ended, release = threading.Event(), threading.Event()
 
     def run(worker: Any) -> dict[str, Any]:
-        def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
-                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
-            return inp, handle, handle.stream.probe()
-
-        inp, handle, probe = worker.dataflow(build)
+        inp, handle, probe = worker.dataflow(running_counts)
         for w in words(worker.index, 0):
             inp.send(w)
         inp.close()
