@@ -127,6 +127,15 @@ def test_rescaling_keeps_the_output_thread(query: str, strategy: str) -> None:
     check_moves(result, strategy)
 
 
+def test_a_rescale_point_beyond_the_data_says_it_was_not_carried_out() -> None:
+    """``rescale_at`` at an epoch the job never reaches: a warning names the point (it was
+    dropped without a word) and nothing moved; the output is still the reference's."""
+    with pytest.warns(RuntimeWarning, match=r"rescale_at points \[\(1000000, 3\)\] not carried"):
+        result = run("q5", "batched", random.Random(0), rescale_at=[(1_000_000, 3)])
+    same_rows(result.rows, reference("q5"))
+    assert result.migrations == []
+
+
 @pytest.mark.parametrize("query", ["q5", "q8"])
 def test_states_are_prepared_while_their_steps_wait(query: str,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -36,6 +37,7 @@ import pyarrow as pa
 
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, write_parquet
 from tokenflow.nexmark.queries import load
+from tokenflow.rescale.megaphone import DataEndedError
 
 SPLITS = 16
 """Splits of the NEXMark source (W-independent units of the event stream, see
@@ -216,7 +218,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             control plane; the job runs under it, ``tokenflow.job.start``).
         rescale_at: ``[(k, n)]``: worker 0 spreads the state over workers ``0..n-1`` once its
             sources have sent epoch ``k`` (an index into the job's epochs): at a logical
-            point of the input, for tests.
+            point of the input, for tests.  A point reached only as the data ends has no
+            time left to move bins at: a ``RuntimeWarning`` says it was not carried out.
         strategy: the migration strategy (``batched``, ``fluid``, ``all-at-once``).
         measure: every worker records its state bytes at every step (``migrations`` then
             carry ``total_bytes``; costs one export of the state per step and worker).
@@ -378,9 +381,13 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 sent[epoch_list[done_sending]] = now
                 done_sending += 1
             while triggers and triggers[0][0] <= done_sending and scaling is not None:
-                members = list(range(triggers.pop(0)[1]))
+                point, n = triggers.pop(0)
                 for h in scaling.handles:
-                    h.controller.rescale_roster(members, strategy)
+                    try:
+                        h.controller.rescale_roster(list(range(n)), strategy)
+                    except DataEndedError as exc:  # the point came with the end of the data
+                        warnings.warn(f"rescale_at ({point}, {n}) not carried out: {exc}",
+                                      RuntimeWarning, stacklevel=1)
             while done_passing < done_sending and not probe.less_equal(epoch_list[done_passing]):
                 passed[epoch_list[done_passing]] = now
                 done_passing += 1
@@ -403,6 +410,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             for h in handles:
                 h.limit(limit)
             worker.step_or_park(park)
+        if triggers and scaling is not None and not (worker.stopped or worker.left):
+            warnings.warn(f"rescale_at points {triggers} not carried out: the job has "
+                          f"{len(epoch_list)} epochs", RuntimeWarning, stacklevel=1)
         finish = time.time()
         for h in handles:  # a query that reads only some kinds is done before the others
             h.limit(None)
