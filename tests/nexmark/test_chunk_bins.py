@@ -1,9 +1,9 @@
-"""Takes in slices from the NEXMark states that memoize their keys' bins (``ChunkBins``): q5's
+"""Repeated takes from the NEXMark states that memoize their keys' bins (``ChunkBins``): q5's
 ``WindowCounts`` and q8's ``WindowState``.
 
 Migrations take bins out of a state again and again (fluid: one bin per step; a worker's steps
 one after another), and between two takes the operator goes on adding rows; before a step,
-the router lets the state prepare (``prepare_take``: merge small chunks, hash the held keys).
+the router lets the state prepare (``prepare_take``: hash the held keys).
 Checked on random states and random sequences of adds, prepares (finished or cut short by
 their deadline) and takes:
 
@@ -11,7 +11,7 @@ their deadline) and takes:
   twin state that never prepares, and both then export the same rows and finish alike;
 * ``prepare_take`` never changes what ``export`` returns;
 * once prepared, a take hashes only the rows it takes (the old path hashed every held key at
-  every take, so each slice cost as much as taking everything);
+  every take, so each take cost as much as taking everything);
 * ``ChunkBins`` gives the bins ``Exchange(column=)`` routes by, hashes a chunk once, and a copy
   of a state (pickle) takes the same rows.
 """
@@ -67,7 +67,7 @@ KINDS: dict[str, tuple[Callable[[], ColumnarState], Callable[[Any, Rng], None],
 
 
 def whole_state_take(state: ColumnarState, bins: list[int]) -> dict[int, pa.Table]:
-    """The path slices replace: export everything, reload what stays."""
+    """The path memoized takes replace: export everything, reload what stays."""
     everything = state.export()
     taken = {b: t for b, t in everything.items() if b in set(bins)}
     if taken:
@@ -89,7 +89,7 @@ def sorted_tables(tables: dict[int, pa.Table]) -> dict[int, list[dict[str, Any]]
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), bins=st.sampled_from([1, 8, 64]))
 @pytest.mark.parametrize("kind", sorted(KINDS))
-def test_slices_between_adds_and_prepares_match_the_whole_state_path(
+def test_takes_between_adds_and_prepares_match_the_whole_state_path(
         kind: str, seed: int, bins: int) -> None:
     make, grow, finish = KINDS[kind]
     state, twin = make(), make()

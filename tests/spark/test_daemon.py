@@ -34,9 +34,11 @@ def test_preload_imports_and_freezes(monkeypatch: pytest.MonkeyPatch) -> None:
 
     from tokenflow.spark import daemon
 
-    monkeypatch.setattr(daemon, "PRELOAD", ["json", "no_such_module_here"])
-    sys.modules.pop("json", None)
+    monkeypatch.setattr(daemon, "PRELOAD", ["colorsys", "no_such_module_here"])
+    sys.modules.pop("colorsys", None)
+    gc.unfreeze()  # whatever an earlier test froze: the count below is preload's
+    assert gc.get_freeze_count() == 0
     daemon.preload()
-    assert "json" in sys.modules and "no_such_module_here" not in sys.modules
+    assert "colorsys" in sys.modules and "no_such_module_here" not in sys.modules
     assert gc.get_freeze_count() > 0
     gc.unfreeze()

@@ -366,12 +366,12 @@ class ColumnarState(BinnedState):
     ``take_rows`` reuses its keys' bins between takes (``ChunkBins``; q5's ``WindowCounts``,
     q8's ``WindowState``) implements ``prepare_take``: the router hashes its keys while a
     step waits, and a take then costs a gather over the held rows' bins and the work on the
-    rows it takes (a q5 state of 193K rows in 144 partials: a one-bin take 9.5 ms with a
-    hash of every key, 2.1 ms median with the bins memoized).
+    rows it takes (a q5 state of 193K rows in 144 partials, alone on one core: a one-bin
+    take 4.6-7.7 ms median hashing every key, 3.8-5.9 ms with the bins memoized).
 
     A migration step takes with ``take_to`` (one table per new owner, not one per bin: a
     q5 step of 1,365 bins, alone on one core, went from 15-29 ms of take plus 1.3-18 ms of
-    pickling and 4.5 ms of unpickling and loading to 13-22, 0.8-1.4 and 1.4-2.6 ms).
+    pickling and 4.4-4.8 ms of unpickling and loading to 13-22, 0.8-1.4 and 1.4-2.6 ms).
 
     ``take_per_bin`` stays False: a step is taken in one call.  In slices (tried with the
     memoized bins, ``benchmarks/rescale_latency.py`` at half load), each slice was short
