@@ -113,11 +113,15 @@ def run_worker(
         else:
             worker.on_step.append(reporter)
         agent = None
+        watched = None
         if reporter is not None and spec is not None and spec.control:
             from tokenflow.control import ControlAgent
 
             agent = ControlAgent(reporter)
             worker.on_step.append(agent)
+            watched = reporter.sock
+            if watched is not None:  # a command wakes a parked worker
+                mesh.watch(watched)
         try:
             result = fn(worker)
         except JobStopped:  # stopped by the control plane while feeding an input
@@ -125,6 +129,8 @@ def run_worker(
         worker.step_until_done()
         if agent is not None:
             agent.finish()  # a snapshot part still being written
+            if watched is not None:  # no step reads it any more
+                mesh.unwatch(watched)
         if reporter is not None:
             if own:
                 reporter.close(worker)

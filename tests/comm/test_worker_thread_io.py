@@ -134,3 +134,48 @@ def test_a_parked_worker_sees_its_peer_sigkilled() -> None:
         peer.kill()
         peer.wait()
         mesh.close()
+
+
+def test_a_watched_socket_ends_a_park_and_keeps_its_data(
+        pair: tuple[list[TcpMesh], list[TcpAllocator]]) -> None:
+    """A control command (a byte on a watched socket) wakes a parked worker at once instead
+    of after its park's timeout; the mesh leaves the bytes to the socket's owner; a watched
+    socket its owner closes is dropped, and ``unwatch`` restores the full park."""
+    import socket
+
+    meshes, _ = pair
+    mesh = meshes[0]
+    ours, theirs = socket.socketpair()
+    mesh.watch(ours)
+    try:
+        started = time.monotonic()
+        mesh.park(0.5)  # nothing readable: the whole timeout
+        assert time.monotonic() - started >= 0.45
+
+        theirs.sendall(b"x")
+        started = time.monotonic()
+        mesh.park(2.0)
+        assert time.monotonic() - started < 1.0  # woken by the command, not the timeout
+        assert ours.recv(1) == b"x"  # left for the owner
+        assert not mesh.events  # and not taken for a peer's message
+
+        mesh.unwatch(ours)
+        theirs.sendall(b"y")
+        started = time.monotonic()
+        mesh.park(0.5)  # no longer watched: data on it does not end the park
+        assert time.monotonic() - started >= 0.45
+
+        mesh.watch(ours)
+        fd = ours.fileno()
+        ours.close()  # the owner closes it (the coordinator went away) ...
+        theirs.close()
+        ours, theirs = socket.socketpair()  # ... and the descriptor is reused
+        assert fd in (ours.fileno(), theirs.fileno())
+        mesh.watch(ours)  # the closed one was dropped: no "already registered"
+        theirs.sendall(b"z")
+        started = time.monotonic()
+        mesh.park(2.0)
+        assert time.monotonic() - started < 1.0
+    finally:
+        ours.close()
+        theirs.close()

@@ -349,3 +349,34 @@ def test_take_to_is_take_grouped_by_new_owner(kind: str, seed: int, bins: int,
         same_tables(fresh.export(), oracle.export(), ordered=False, what=f"{kind}: loaded")
     same_tables(state.export(), twin.export(), ordered=False, what=f"{kind}: the rest")
     assert finish(state) == finish(twin), kind
+
+
+def raise_bids(state: ColumnarState) -> None:
+    """q4's book updates its open auctions' best prices in place (``np.maximum.at``)."""
+    if isinstance(state, q4.AuctionBook) and len(state.open["id"]):
+        ids = state.open["id"]
+        state.add_bids(ids, np.full(len(ids), 10**6), np.zeros(len(ids), dtype=np.int64))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), bins=st.sampled_from([0, 1, 8, 256]),
+       some=st.booleans())
+@pytest.mark.parametrize("kind", sorted(STATES))
+def test_export_later_is_the_export_at_the_call(kind: str, seed: int, bins: int,
+                                                some: bool) -> None:
+    """A checkpoint's capture reads a state with ``export_later`` and its writer thread
+    runs the export while the operator goes on: whatever the operator then does to the
+    state (in-place updates, closing windows, takes), the export is the state's at the
+    capture, table for table (a twin state built alike is the oracle)."""
+    make, finish = STATES[kind]
+    state, twin = make(np.random.default_rng(seed)), make(np.random.default_rng(seed))
+    home = int(np.random.default_rng(seed + 1).integers(0, bins)) if bins else 0
+    state.attach(bins, home)
+    twin.attach(bins, home)
+    wanted = list(range(0, max(bins, 1), 2)) if some else None
+    later = state.export_later(wanted)
+    raise_bids(state)
+    finish(state)
+    state.take(range(max(bins, 1)))
+    same_tables(later(), twin.export(wanted), ordered=True,
+                what=f"{kind}: export_later() after the state changed")

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import copy
 import os
+import sys
 import tempfile
+import threading
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -297,13 +300,13 @@ class Job:
             w.agent.finish()
             captured, reply = w.link.sent[-2], w.link.sent[-1]
             assert captured["kind"] == "captured"
-            if captured["full"] == 1:  # the keyed state's capture was incremental: it
-                # exported only bins changed since the last committed checkpoint
-                exported = captured["bins_exported"] - len(w.states[LOCAL].export())
-                assert exported <= len(self.touched)
             if reply["kind"] != "written":
                 failed = True
                 continue
+            if captured["full"] == 1:  # the keyed state's capture was incremental: it
+                # exported only bins changed since the last committed checkpoint
+                exported = reply["bins_exported"] - len(w.states[LOCAL].export())
+                assert exported <= len(self.touched)
             parts.append(WorkerPart(w.index, reply["index_path"], int(reply["crc32"]),
                                     int(reply["bytes_written"])))
         if failed or failure == "commit":
@@ -377,3 +380,37 @@ def test_a_pickled_keyed_state_keeps_tracking() -> None:
     again.data.limit = 0
     again[2] = 2  # over the limit: folded at once
     assert not again.data.touched and again.take_changes() == {bin_of(2)}
+
+
+def test_the_writer_runs_deferred_exports_with_a_short_switch_interval(tmp_path: Path) -> None:
+    """A capture reads a columnar state's rows and leaves its split into bins to the part's
+    writer thread (``export_later``); that thread runs with the short switch interval (so the
+    worker's thread gets the GIL back within it) and the process's interval is restored after
+    the write, whatever it was."""
+    from tokenflow.control import WRITER_SWITCH_INTERVAL
+
+    seen: dict[str, Any] = {}
+
+    class Recording(LocalState[set[Any]]):
+        def export_later(self, bins: Any = None) -> Any:
+            def export() -> dict[int, pa.Table]:
+                seen["thread"] = threading.current_thread().name
+                seen["interval"] = sys.getswitchinterval()
+                return {}
+            return export
+
+    worker = FakeWorker(0, RoutingTable.even(1, BINS), None)
+    worker.states[LOCAL] = Recording(set, lambda a, b: a | b)
+    worker.states[LOCAL].attach(BINS, 0)
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(0.004)
+    try:
+        worker.agent._capture(worker, {"kind": "snapshot", "root": str(tmp_path), "job": JOB,
+                                       "epoch": 3, "previous": None})
+        worker.agent.finish()
+        assert worker.link.sent[-1]["kind"] == "written", worker.link.sent[-1]
+        assert seen["thread"] != threading.current_thread().name
+        assert seen["interval"] == WRITER_SWITCH_INTERVAL < 0.004
+        assert sys.getswitchinterval() == 0.004
+    finally:
+        sys.setswitchinterval(before)

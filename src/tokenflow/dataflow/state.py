@@ -148,6 +148,20 @@ class BinnedState(ABC):
         """The state of ``bins`` (all held when None) as one Arrow table per non-empty bin;
         the state is not changed."""
 
+    def export_later(self, bins: Iterable[int] | None = None) -> Callable[[], dict[int, pa.Table]]:
+        """``export(bins)`` as of now, to be called later, possibly on another thread (a
+        checkpoint's writer) while the operator goes on changing this state: a capture
+        stops the worker only for what must be read now.  The default exports now and
+        returns the tables; a state whose rows are values it never changes in place (Arrow
+        tables, arrays it replaces) gathers them now and leaves the rest (the split into
+        one table per bin) to the call (``ColumnarState``).
+
+        Raises:
+            whatever ``export`` raises (now, or when the returned function is called).
+        """
+        tables = self.export(bins)
+        return lambda: tables
+
     @abstractmethod
     def load(self, parts: Mapping[int, pa.Table]) -> None:
         """Add the state of the given bins (tables as ``export`` returns them, possibly

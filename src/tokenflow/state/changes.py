@@ -24,7 +24,7 @@ is referenced where the base found it (``write_worker_part(changed=...)``).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -36,29 +36,46 @@ class TrackedState(Protocol):
 
     def take_changes(self) -> set[int] | None: ...
 
-    def export(self, bins: Any = None) -> dict[int, pa.Table]: ...
+    def export_later(self, bins: Any = None) -> Callable[[], dict[int, pa.Table]]: ...
 
 
 @dataclass
 class Capture:
-    """One worker's captured states, ready for ``write_worker_part``.
+    """One worker's captured states: ``resolve()`` (on the writer's thread) makes them ready
+    for ``write_worker_part``.
 
     Attributes:
         tables: state key -> bin -> table, for the bins exported (all bins of a full
-            capture; the changed bins of an incremental one).
+            capture; the changed bins of an incremental one); complete after ``resolve``.
         changed: state key -> the changed bins (incremental) or None (full capture); the
             ``changed`` argument of ``write_worker_part``.
-        exported: bins exported over all states (a measure of the capture's work).
+        exported: bins exported over all states (a measure of the capture's work); complete
+            after ``resolve``.
+        later: state key -> its export as of the capture, not run yet
+            (``BinnedState.export_later``).
     """
 
     tables: dict[str, dict[int, pa.Table]] = field(default_factory=dict)
     changed: dict[str, set[int] | None] = field(default_factory=dict)
     exported: int = 0
+    later: dict[str, Callable[[], dict[int, pa.Table]]] = field(default_factory=dict)
 
     @property
     def full(self) -> list[str]:
         """Keys of the states captured in full."""
         return sorted(k for k, c in self.changed.items() if c is None)
+
+    def resolve(self) -> Capture:
+        """Run the exports left for later; returns this capture, complete.
+
+        Raises:
+            whatever a state's export raises (the capture's marks are already logged).
+        """
+        for key, export in self.later.items():
+            self.tables[key] = export()
+            self.exported += len(self.tables[key])
+        self.later = {}
+        return self
 
 
 class ChangeLog:
@@ -79,13 +96,14 @@ class ChangeLog:
                 base: Mapping[str, Mapping[int, Sequence[int]]] | None) -> Capture:
         """Capture every state for the checkpoint at ``epoch`` built on the committed one at
         ``previous`` whose part (this worker's entries, by state and bin) is ``base``
-        (None or ``previous`` None: a full capture of every state).
+        (None or ``previous`` None: a full capture of every state).  What a state's
+        ``export_later`` leaves for later runs in ``Capture.resolve``.
 
         The marks are taken and logged before any export, so an export that raises loses
         none of them.
 
         Raises:
-            whatever a state's ``export`` raises.
+            whatever a state's ``export_later`` raises.
         """
         marks: dict[str, set[int] | None] = {}
         for key, state in states.items():
@@ -99,13 +117,15 @@ class ChangeLog:
         out = Capture()
         for key, state in states.items():
             if marks[key] is None or previous is None or base is None or key not in base:
-                out.tables[key] = state.export()
+                out.later[key] = state.export_later()
                 out.changed[key] = None
             else:
                 bins = self.pending(key)
-                out.tables[key] = state.export(sorted(bins)) if bins else {}
+                if bins:
+                    out.later[key] = state.export_later(sorted(bins))
+                else:
+                    out.tables[key] = {}
                 out.changed[key] = bins
-            out.exported += len(out.tables[key])
         return out
 
 

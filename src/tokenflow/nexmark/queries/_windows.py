@@ -385,7 +385,9 @@ class ColumnarState(BinnedState):
 
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         """Per part (in ``PARTS`` order): its rows (at least its ``PARTS`` columns) and the
-        key hash per row (uint64; None: worker-local rows, exported under the home bin)."""
+        key hash per row (uint64; None: worker-local rows, exported under the home bin).
+        Values the state does not change afterwards (copy an array it updates in place):
+        ``export_later`` splits them by bin on a checkpoint's writer thread."""
         raise NotImplementedError
 
     def add_rows(self, part: int, table: pa.Table) -> None:
@@ -413,21 +415,29 @@ class ColumnarState(BinnedState):
         return 0 <= self.home_bin < len(member) and bool(member[self.home_bin])
 
     def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
-        parts = self.rows()
-        return self._split([Taken(t, h, t.num_rows > 0) for t, h in parts], bins)
+        return self.export_later(bins)()
 
-    def _split(self, parts: Sequence[Taken], bins: Iterable[int] | None) -> dict[int, pa.Table]:
-        """The rows of ``parts`` per bin, as ``export`` returns them (parts not ``held`` are
-        left out of the concatenation)."""
+    def export_later(self, bins: Iterable[int] | None = None) -> Callable[[], dict[int, pa.Table]]:
+        """Gathers ``rows()`` now; the split by bin (about 3 us a bin: 2-4 ms of a q5
+        capture of 600-1,300 bins, against 0.5 ms for ``rows()``) runs when called."""
+        parts = [Taken(t, h, t.num_rows > 0) for t, h in self.rows()]
+        wanted = None if bins is None else list(bins)
+        size, home = self.bins or 1, self.home_bin
+        return lambda: self._split(parts, wanted, size, home)
+
+    def _split(self, parts: Sequence[Taken], bins: Iterable[int] | None, size: int,
+               home: int) -> dict[int, pa.Table]:
+        """The rows of ``parts`` per bin of ``size`` bins, worker-local rows under ``home``,
+        as ``export`` returns them (parts not ``held`` are left out of the concatenation)."""
         table, hashes = self._assembled(parts)
         if table is None:
             return {}
         if hashes is None:
-            if bins is not None and self.home_bin not in set(bins):
+            if bins is not None and home not in set(bins):
                 return {}
-            return {self.home_bin: table}
+            return {home: table}
         # one chunk per column: a take from many chunks (parts, windows) costs per chunk
-        return split_by_bin(table.combine_chunks(), bins_of(hashes, self.bins or 1), bins)
+        return split_by_bin(table.combine_chunks(), bins_of(hashes, size), bins)
 
     def _assembled(self, parts: Sequence[Taken]) -> tuple[pa.Table | None, np.ndarray | None]:
         """The rows of the ``held`` parts as one table (a ``PART`` column when there are
@@ -515,7 +525,7 @@ class ColumnarState(BinnedState):
         member[wanted[(wanted >= 0) & (wanted < len(member))]] = True
         if not member.any():
             return {}
-        return self._split(self.take_rows(member), None)
+        return self._split(self.take_rows(member), None, self.bins or 1, self.home_bin)
 
 
 class WindowMaxState(ColumnarState):
