@@ -121,6 +121,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -754,7 +755,8 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
                   on_epoch: Callable[[int], None] | None = None,
                   alive: Callable[[], bool] | None = None, previous: int | None = None,
                   stats: list[SnapshotStats] | None = None, margin: int = 0,
-                  aligned: bool = True, align_timeout: float = 10.0) -> int | None:
+                  aligned: bool = True, align_timeout: float = 10.0,
+                  committer: Executor | None = None) -> int | None:
     """Bring every source to a common epoch, capture every worker's state there and commit
     the snapshot, then stop the job (or let it go on).  Returns the snapshot's epoch.
     ``alive()`` tells whether the job still runs (a job that ends cannot answer).
@@ -778,6 +780,9 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
     ``margin``: epochs (of each source's length) beyond its safe point that a source may still
     emit after ``hold`` (``hold`` in the module docstring): the snapshot's epoch comes later,
     and sources do not stand still while the driver gathers the workers' points.
+    ``committer``: an executor the manifest's commit runs on (this call waits for it; default:
+    the calling thread).  Nothing the workers wait for comes after the commit but ``stop``, so
+    ``CheckpointedJob`` commits on a thread of low CPU priority (``tokenflow.recovery``).
 
     Raises:
         ControlError: a worker does not answer within ``timeout`` seconds, or the job ended.
@@ -801,7 +806,7 @@ def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: Ro
         try:
             return _snapshot_round(send_all, gather_round, root, job, routing, stop, on_epoch,
                                    previous, stats, margin, aligned, discarded,
-                                   min(timeout, align_timeout), stuck)
+                                   min(timeout, align_timeout), stuck, committer)
         except InconsistentCut as exc:
             _resume_all(hub, workers, round_, alive)
             discarded.append(str(exc))
@@ -833,7 +838,7 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
                     on_epoch: Callable[[int], None] | None, previous: int | None,
                     stats: list[SnapshotStats] | None, margin: int = 0, aligned: bool = True,
                     discarded: list[str] | None = None, align_timeout: float = 10.0,
-                    stuck: bool = False) -> int | None:
+                    stuck: bool = False, committer: Executor | None = None) -> int | None:
     began = time.monotonic()
     send_all("hold", margin=margin, barrier=aligned)
     held = gather("held")
@@ -894,7 +899,13 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
     parts = [WorkerPart(w, r["index_path"], int(r["crc32"]), int(r["bytes_written"]),
                         int(r.get("bytes_reused", 0)))
              for w, r in sorted(written.items())]
-    commit_snapshot(root, job=job, epoch=epoch, bins=routing.bins, routing=routing, parts=parts)
+    def commit() -> None:
+        commit_snapshot(root, job=job, epoch=epoch, bins=routing.bins, routing=routing, parts=parts)
+
+    if committer is None:
+        commit()
+    else:
+        committer.submit(commit).result()
     if stop:
         send_all("stop")
     if stats is not None:
