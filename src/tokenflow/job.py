@@ -226,6 +226,17 @@ class JobHandle:
                 break
         raise ControlError(f"worker 0 did not acknowledge {what} within {timeout} s")
 
+    def _abandon(self, k: int) -> None:
+        """A join that failed: worker ``k`` ends without joining (``abandon``,
+        ``tokenflow.membership``) and its slot is free again."""
+        from tokenflow.control import ControlError
+
+        try:
+            self.hub.send(k, {"kind": "abandon"})
+        except (ControlError, OSError, KeyError):
+            pass  # not connected (it gives up on its own) or gone
+        self._used.discard(k)
+
     def add_worker(self, timeout: float = 60.0, inputs: bool = False,
                    sources: bool = False) -> int:
         """Start a worker in a free slot and join it to the running job (its progress state
@@ -243,8 +254,10 @@ class JobHandle:
                 start workers.
             HandoverError: a source that cannot hand its work over (e.g. a directory source
                 with a time column); the worker has joined.
-            ControlError: a worker did not answer within ``timeout`` s, or the job ended.
+            ControlError: a worker did not answer within ``timeout`` s, or the job ended
+                (the worker started for the join is told to end, and its slot is free).
         """
+        from tokenflow.control import ControlError
         from tokenflow.membership import MembershipError, join, lend
 
         free = [k for k in range(self.slots) if k not in self._used]
@@ -260,7 +273,11 @@ class JobHandle:
         k = free[0]
         self._used.add(k)
         launch(k, [*self.roster, k])
-        join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+        try:
+            join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+        except ControlError:
+            self._abandon(k)
+            raise
         self.roster = sorted([*self.roster, k])
         if inputs:
             lend(self.hub, list(self.roster), k, timeout, self._thread.is_alive)

@@ -25,6 +25,11 @@ state includes every batch before the numbers it waited for, so ``k`` sees each 
 once (the seed fills gaps by asking the server for ranges; waiting for the numbers instead
 needs no log at the server).
 
+A join that fails (a worker does not answer in time, or the job's dataflows ended before
+the bootstrap: nobody will serve it) is *abandoned*: the driver sends ``abandon`` to ``k``,
+which stops (``Worker.stop``) and leaves (``Worker.leave``) without having joined, so that
+its worker code returns and the job can end, and its slot is free again.
+
 **Leave** of worker ``k``.  The driver first moves ``k``'s state away (a Megaphone rescale to
 a roster without ``k``), then sends ``leave`` to ``k``: once ``k`` holds no token and every
 ``Worker.leave_checks`` passes (no migrating operator still owns bins on it), it replies
@@ -68,7 +73,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 COMMANDS = ("admit", "bootstrap", "leave", "dismiss", "forget", "address", "lend", "applied?",
-            "release", "fence", "resplit", "resplit?")
+            "release", "fence", "resplit", "resplit?", "abandon")
 """Control-plane commands the ``MembershipAgent`` carries out."""
 
 
@@ -122,6 +127,10 @@ class MembershipAgent:
             self._bootstraps.append((int(message["joiner"]), floors))
         elif kind == "leave":
             self._leaving = True
+        elif kind == "abandon":  # this worker's join failed (module docstring)
+            if worker.joining:
+                worker.stop()
+                worker.leave()
         elif kind == "dismiss":
             leaver = int(message["leaver"])
             rest = [w for w in worker.roster if w != leaver]

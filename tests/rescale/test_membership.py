@@ -91,3 +91,34 @@ def test_scale_out_and_in_on_spark(spark: Any) -> None:
     joined = results[FEEDERS:]
     assert all(r["joined"] and r["left"] and r["keys"] == 0 for r in joined)
     assert all(sum(r["moved"]) > 0 for r in joined)
+
+
+def ended_dataflows(worker: Any) -> str:
+    """A job whose dataflows end at once while its workers' code goes on for a while."""
+    def build(scope: Any) -> Any:
+        inp, stream = scope.new_input()
+        return inp, stream.probe()
+
+    inp, _ = worker.dataflow(build)
+    if not worker.joining:
+        inp.send(worker.index)
+        inp.close()
+    worker.step_until_done()
+    time.sleep(1.0)
+    return "joiner" if worker.joining else "member"
+
+
+@pytest.mark.parametrize("runtime", ["thread", "process"])
+def test_a_join_that_cannot_complete_is_abandoned_and_the_job_ends(runtime: str) -> None:
+    """Joining a job whose dataflows ended fails (nobody serves the bootstrap, or the members
+    are gone) with ``ControlError``; the worker started for it is told to end, so the job's
+    ``result()`` returns instead of waiting forever for a joiner that never joins."""
+    from tokenflow.control import ControlError
+
+    handle = start(ended_dataflows, workers=2, runtime=runtime, slots=3)
+    time.sleep(0.5)
+    with pytest.raises(ControlError):
+        handle.add_worker(timeout=2.0)
+    assert sorted(handle.roster) == [0, 1]
+    results = handle.result(timeout=60)
+    assert results[:2] == ["member", "member"]
