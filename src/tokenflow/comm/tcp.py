@@ -528,7 +528,7 @@ class TcpMesh:
         """Also end a ``poll``/``park`` wait as soon as ``sock`` is readable, leaving what
         arrived for its owner to read: a worker parked with nothing to do then sees a command
         of the driver's control plane (``tokenflow.control``) at once, not when its park times
-        out (up to 10 ms a command: a checkpoint's rounds took that much longer).  The owner
+        out (up to 10 ms later, for each command of a checkpoint's rounds).  The owner
         must read ``sock`` on every step, or a park returns at once while data waits; a
         watched socket its owner closes is dropped at the next ``poll``."""
         with self._io:
