@@ -228,14 +228,14 @@ class JobHandle:
 
     def _abandon(self, k: int) -> None:
         """A join that failed: worker ``k`` ends without joining (``abandon``,
-        ``tokenflow.membership``) and its slot is free again."""
+        ``tokenflow.membership``).  Its slot stays used: slots are never reused (``k`` may
+        have dialled the members' meshes)."""
         from tokenflow.control import ControlError
 
         try:
             self.hub.send(k, {"kind": "abandon"})
         except (ControlError, OSError, KeyError):
             pass  # not connected (it gives up on its own) or gone
-        self._used.discard(k)
 
     def add_worker(self, timeout: float = 60.0, inputs: bool = False,
                    sources: bool = False) -> int:
@@ -255,7 +255,7 @@ class JobHandle:
             HandoverError: a source that cannot hand its work over (e.g. a directory source
                 with a time column); the worker has joined.
             ControlError: a worker did not answer within ``timeout`` s, or the job ended
-                (the worker started for the join is told to end, and its slot is free).
+                (the worker started for the join is told to end; its slot is not reused).
         """
         from tokenflow.control import ControlError
         from tokenflow.membership import MembershipError, join, lend

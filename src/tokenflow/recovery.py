@@ -60,7 +60,7 @@ COMMIT_NICE = 10
 pruning old checkpoints is (Linux: a nice value per thread).  That bookkeeping (6-12 ms of
 CPU a commit, 6-17 ms a prune for q5's parts) ran while the workers went on with the next
 epochs; on a machine with as many cores as workers it took CPU from them, and the epochs
-right after a checkpoint took 20-50 ms where the others took 1-2 ms (q5 at half load, the
+right after a checkpoint took 18-53 ms where the others took 1-2 ms (q5 at half load, the
 process runtime, 2 workers on 2 cores).  Nothing the workers wait for comes after the commit
 (``tokenflow.control.take_snapshot``), so the commit can wait for them."""
 
