@@ -26,7 +26,9 @@ bench: $(STAMP)
 	for script in benchmarks/*.py; do $(BIN)/python $$script || exit 1; done
 
 evaluation: $(STAMP)
+	$(BIN)/pip install -q -e ".[dev,bench]"
 	for s in granularity overhead scaling chains tracker nexmark; do $(BIN)/python -m benchmarks.evaluation.$$s || exit 1; done
+	$(BIN)/python benchmarks/peers.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples benchmarks
