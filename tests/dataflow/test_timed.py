@@ -24,7 +24,13 @@ from tokenflow.dataflow.capability import Capability, CapabilityError
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary
-from tokenflow.dataflow.operators.timed import TimedBatches, TimedBuffer, least_time, timed_key
+from tokenflow.dataflow.operators.timed import (
+    TimedBatches,
+    TimedBuffer,
+    coalesce_times,
+    least_time,
+    timed_key,
+)
 from tokenflow.execute import execute
 
 pytestmark = pytest.mark.timeout(120)
@@ -212,3 +218,106 @@ def test_send_batch_at_refuses_rows_before_the_epoch() -> None:
         return seen
 
     assert execute(job, workers=1) == [[(5, [9, 5])]]
+
+
+batch_schedules = st.lists(  # per step: per epoch (advance >= 0) a batch of values, or none
+    st.lists(st.tuples(st.integers(0, 3), st.lists(st.integers(0, 99), max_size=4)),
+             max_size=4),
+    min_size=1, max_size=6)
+
+
+@settings(max_examples=15, deadline=None)
+@given(schedule=batch_schedules, workers=st.sampled_from([1, 2]))
+def test_coalesce_times_keeps_every_row_and_its_time(schedule: list[Any], workers: int) -> None:
+    """Batches at many times between two steps leave ``coalesce_times`` as one timed batch:
+    every row once with its message time in the column, the message at the least of them;
+    after an exchange the receiver's frontier still covers every row.  (Arrival order: the
+    next test; here a receiver may merge two senders' messages of one time.)"""
+
+    def job(worker: Any) -> list[tuple[int, list[int], list[int], bool]]:
+        seen: list[tuple[int, list[int], list[int], bool]] = []
+        probe_frontier: list[Any] = [None]
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            timed = coalesce_times(stream, "t")
+            routed = timed.exchange(column="v")
+            routed.inspect_batch(lambda t, b: seen.append(
+                (t, b.column("t").to_pylist(), b.column("v").to_pylist(),
+                 # no row behind the frontier this worker's probe had already passed
+                 probe_frontier[0] is None or all(x >= probe_frontier[0]
+                                                  for x in b.column("t").to_pylist()))))
+            return handle, routed.probe()
+
+        handle, probe = worker.dataflow(dataflow)
+        epoch = 0
+        for step in schedule:
+            for advance, values in step:
+                epoch += advance
+                handle.advance_to(epoch)
+                if values:
+                    handle.send_batch(pa.record_batch({"v": pa.array(values, pa.int64())}))
+            worker.step()
+            frontier = probe.with_frontier()
+            probe_frontier[0] = min(frontier) if frontier else None
+        handle.close()
+        worker.step_until_done()
+        return seen
+
+    expected: Counter[tuple[int, int]] = Counter()
+    epoch = 0
+    for step in schedule:
+        for advance, values in step:
+            epoch += advance
+            expected.update((epoch, v) for v in values)
+    got: Counter[tuple[int, int]] = Counter()
+    for seen in execute(job, workers=workers):
+        for message_time, times, values, behind_ok in seen:
+            assert behind_ok
+            assert times and message_time <= min(times)  # the time covers every row
+            if workers == 1:  # nothing split off by the exchange: sent at the least time
+                assert message_time == min(times)
+            got.update(zip(times, values, strict=True))
+    assert got == Counter({k: n * workers for k, n in expected.items()})
+
+
+def test_coalesce_times_sends_one_message_per_activation_and_refuses_bad_input() -> None:
+    def job(worker: Any) -> list[tuple[int, list[int]]]:
+        seen: list[tuple[int, list[int]]] = []
+
+        def dataflow(scope: Any) -> Any:
+            handle, stream = scope.new_input()
+            coalesce_times(stream, "t").inspect_batch(
+                lambda t, b: seen.append((t, b.column("t").to_pylist())))
+            return handle
+
+        handle = worker.dataflow(dataflow)
+        for epoch in (3, 4, 7):
+            handle.advance_to(epoch)
+            handle.send_batch(pa.record_batch({"v": pa.array([epoch] * 2, pa.int64())}))
+        handle.close()
+        worker.step_until_done()
+        return seen
+
+    assert execute(job, workers=1) == [[(3, [3, 3, 4, 4, 7, 7])]]
+
+    def bad(batch: Any) -> Any:
+        def job(worker: Any) -> None:
+            def dataflow(scope: Any) -> Any:
+                handle, stream = scope.new_input()
+                coalesce_times(stream, "t", name="Hours")
+                return handle
+
+            handle = worker.dataflow(dataflow)
+            handle.advance_to(5)
+            handle.send_batch(batch)
+            handle.close()
+            worker.step_until_done()
+
+        return job
+
+    with pytest.raises(Exception, match=r"Hours: needs RecordBatches at int times, got a list "
+                                        r"at 5"):
+        execute(bad([1, 2]), workers=1)
+    with pytest.raises(Exception, match=r"Hours: the batch at 5 already has a column 't'"):
+        execute(bad(pa.record_batch({"t": pa.array([1])})), workers=1)

@@ -24,19 +24,26 @@ The pairs keep their time through every channel: exchange them with ``Exchange(t
 
 The columnar form is an Arrow ``RecordBatch`` with a time column (``TIME_COLUMN``, int64), each
 row's time ≥ the message's time (``InputHandle.send_batch_at``); ``TimedBatches`` buffers such
-batches and hands over the complete rows, sorted by time, batch-at-a-time.
+batches and hands over the complete rows, sorted by time, batch-at-a-time.  ``coalesce_times``
+turns a stream of per-time Arrow batches (a source's, say) into that form, one message per
+activation, so an exchange after it routes and sends once per activation instead of once per
+time.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pyarrow as pa
 
+from tokenflow.dataflow.operators.generic import unary
 from tokenflow.progress.antichain import MutableAntichain
+
+if TYPE_CHECKING:
+    from tokenflow.dataflow.stream import Stream
 
 TIME_COLUMN = "time"
 """The time column of a columnar timed batch (int64)."""
@@ -60,6 +67,57 @@ def least_time(frontiers: Iterable[MutableAntichain]) -> Any:
             if least is None or t < least:
                 least = t
     return least
+
+
+def coalesce_times(stream: Stream, column: str = TIME_COLUMN,
+                   name: str = "CoalesceTimes") -> Stream:
+    """The Arrow batches each activation receives, as one columnar timed batch.
+
+    Input: ``pa.RecordBatch``es at integer times (e.g. ms since the Unix epoch); batches of one
+    activation may differ in nullability only (they are cast to the first one's schema).
+    Output (pipeline, no state): per activation one batch, the input rows in arrival order
+    with an int64 column ``column`` appended holding each row's message time, sent at the
+    least of those times.  Downstream, an operator finds a row's time in ``column`` and knows
+    a time ``t`` complete once its input frontier has passed ``t`` (see the module docstring);
+    ``TimedBatches(column)`` buffers such batches.
+
+    Raises (at run time):
+        TypeError: a message that is not a ``RecordBatch``, or a time that is not an ``int``
+            (naming the operator and the time).
+        ValueError: a batch that already has a column named ``column``.
+    """
+
+    def constructor(capability: Any, info: Any) -> Any:
+        capability.drop()
+
+        def logic(inp: Any, output: Any) -> None:
+            parts: list[pa.RecordBatch] = []
+            times: list[int] = []
+            least: Any = None
+            for ref, batch in inp:
+                t = ref.time
+                if type(batch) is not pa.RecordBatch or type(t) is not int:
+                    raise TypeError(f"{name}: needs RecordBatches at int times, got a "
+                                    f"{type(batch).__name__} at {t!r}")
+                if column in batch.schema.names:
+                    raise ValueError(f"{name}: the batch at {t!r} already has a column "
+                                     f"{column!r}")
+                if batch.num_rows:
+                    parts.append(batch)
+                    times.append(t)
+                    if least is None or t < least.time:
+                        least = ref
+            if least is None:
+                return
+            schema = parts[0].schema
+            parts = [p if p.schema.equals(schema) else p.cast(schema) for p in parts]
+            whole = parts[0] if len(parts) == 1 else pa.concat_batches(parts)
+            stamps = np.repeat(np.asarray(times, dtype=np.int64), [p.num_rows for p in parts])
+            output.give_batch(least, whole.append_column(column, pa.array(stamps)))
+
+        return logic
+
+    return unary(stream, "pipeline", name, constructor)
 
 
 class TimedBuffer:
