@@ -239,7 +239,7 @@ class CoordinatorHub:
                 raise ControlError(f"worker {worker} has ended (its connection closed)")
             if self.alive is not None and not self.alive():
                 raise ControlError(f"the job ended before worker {worker} connected to the "
-                                   "coordinator (nothing left to snapshot?)")
+                                   "coordinator")
             if time.monotonic() > deadline:
                 raise ControlError(f"worker {worker} did not connect to the coordinator within "
                                    f"{self.connect_timeout} s")
@@ -669,7 +669,7 @@ def gather(hub: Hub, kind: str, workers: Iterable[int], timeout: float,
                 continue
             if left > 0:
                 raise ControlError(f"the job ended before workers {sorted(waiting)} sent "
-                                   f"{kind!r} (nothing left to snapshot?)")
+                                   f"{kind!r}")
             raise ReplyTimeout(f"no {kind!r} reply from workers {sorted(waiting)} within {timeout} s")
         if message.get("round") != round_:
             continue  # a reply to an earlier, abandoned round

@@ -16,12 +16,16 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
 from tokenflow.state.snapshot import Snapshot
+
+FAILURE_WAIT = 5.0
+"""Seconds a command that failed waits for a failing job to end, to name its failure."""
 
 
 def job_name(fn: Callable[..., Any]) -> str:
@@ -162,6 +166,25 @@ class JobHandle:
         self._thread.join(timeout)
         return not self._thread.is_alive()
 
+    @contextmanager
+    def _naming_failure(self) -> Iterator[None]:
+        """A ``ControlError`` of a command the job could not answer because it ended says
+        why: the control plane sees only that replies stopped coming, while ``result()`` has
+        the failure (e.g. ``worker 2 was killed by SIGKILL``) or the results.  Waits up to
+        ``FAILURE_WAIT`` s for an ending job to finish."""
+        from tokenflow.control import ControlError
+
+        try:
+            yield
+        except ControlError as exc:
+            self._thread.join(FAILURE_WAIT)
+            if self._thread.is_alive():
+                raise
+            if self._error is None:
+                raise type(exc)(f"{exc}; the job has finished (result() has its "
+                                "results)") from exc
+            raise type(exc)(f"{exc}; the job failed: {self._error}") from self._error
+
     def snapshot(self, root: str, stop: bool = True, timeout: float = 60.0) -> int:
         """Snapshot the job at an epoch boundary under ``root``; returns the epoch.
 
@@ -180,8 +203,10 @@ class JobHandle:
                              "only, so it would lose the joined workers' state and the source "
                              "splits handed to them: jobs that workers join are not snapshotted")
 
-        epoch = take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
-                              self.spec.table, stop=stop, timeout=timeout, alive=self._thread.is_alive)
+        with self._naming_failure():
+            epoch = take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
+                                  self.spec.table, stop=stop, timeout=timeout,
+                                  alive=self._thread.is_alive)
         assert epoch is not None  # only a snapshot building on a previous one is skipped
         return epoch
 
@@ -214,17 +239,18 @@ class JobHandle:
         """
         from tokenflow.control import ControlError
 
-        self.hub.send(0, {"kind": "rescale", "round": None, **command})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            reply = self.hub.receive(0.1)
-            if reply is not None and reply.get("kind") == "rescaled":
-                if reply.get("error"):
-                    raise ControlError(f"{what} was not carried out: {reply['error']}")
-                return int(reply.get("steps", 0))
-            if not self.running:
-                break
-        raise ControlError(f"worker 0 did not acknowledge {what} within {timeout} s")
+        with self._naming_failure():
+            self.hub.send(0, {"kind": "rescale", "round": None, **command})
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
+                reply = self.hub.receive(0.1)
+                if reply is not None and reply.get("kind") == "rescaled":
+                    if reply.get("error"):
+                        raise ControlError(f"{what} was not carried out: {reply['error']}")
+                    return int(reply.get("steps", 0))
+                if not self.running:
+                    raise ControlError(f"the job ended before worker 0 acknowledged {what}")
+            raise ControlError(f"worker 0 did not acknowledge {what} within {timeout} s")
 
     def _abandon(self, k: int) -> None:
         """A join that failed: worker ``k`` ends without joining (``abandon``,
@@ -273,16 +299,18 @@ class JobHandle:
         k = free[0]
         self._used.add(k)
         launch(k, [*self.roster, k])
-        try:
-            join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
-        except ControlError:
-            self._abandon(k)
-            raise
-        self.roster = sorted([*self.roster, k])
-        if inputs:
-            lend(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
-        if sources:
-            self._move_sources([w for w in self.roster if w != k], list(self.roster), timeout)
+        with self._naming_failure():
+            try:
+                join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+            except ControlError:
+                self._abandon(k)
+                raise
+            self.roster = sorted([*self.roster, k])
+            if inputs:
+                lend(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
+            if sources:
+                self._move_sources([w for w in self.roster if w != k], list(self.roster),
+                                   timeout)
         return k
 
     def _move_sources(self, old: list[int], new: list[int], timeout: float) -> None:
@@ -307,11 +335,12 @@ class JobHandle:
         if worker not in self.roster or len(self.roster) == 1:
             raise ValueError(f"cannot remove worker {worker} from {self.roster}")
         rest = [w for w in self.roster if w != worker]
-        if self.move_sources if sources is None else sources:
-            self._move_sources(list(self.roster), rest, timeout)
-        if self.migrating:
-            self.scale_steps += self.rescale(rest, strategy, timeout)
-        leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
+        with self._naming_failure():
+            if self.move_sources if sources is None else sources:
+                self._move_sources(list(self.roster), rest, timeout)
+            if self.migrating:
+                self.scale_steps += self.rescale(rest, strategy, timeout)
+            leave(self.hub, list(self.roster), worker, timeout, self._thread.is_alive)
         self.roster = rest
 
     def replace_worker(self, worker: int, strategy: str = "batched",

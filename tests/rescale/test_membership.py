@@ -122,3 +122,68 @@ def test_a_join_that_cannot_complete_is_abandoned_and_the_job_ends(runtime: str)
     assert sorted(handle.roster) == [0, 1]
     results = handle.result(timeout=60)
     assert results[:2] == ["member", "member"]
+
+
+def joiner_dies(when: str) -> Any:
+    """A word count whose joined worker SIGKILLs itself ``"before"`` it joins or ``"after"``
+    it joined and ran for 0.5 s; the other workers feed 100 epochs over 10 s."""
+
+    def run(worker: Any) -> str:
+        import os
+        import signal
+
+        from tokenflow.rescale import megaphone_fold
+
+        if worker.joining and when == "before":
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            megaphone_fold(stream.map(lambda w: (w, 1)),
+                           lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+            return inp
+
+        inp = worker.dataflow(build)
+        if worker.joining:
+            inp.close()
+            deadline = time.monotonic() + 0.5
+            while time.monotonic() < deadline:
+                worker.step_or_park(0.005)
+            os.kill(os.getpid(), signal.SIGKILL)
+        for e in range(100):
+            for i in range(30):
+                inp.send(f"w{(i * 7 + e) % 50}")
+            inp.advance_to(e + 1)
+            deadline = time.monotonic() + 0.1
+            while time.monotonic() < deadline:
+                worker.step_or_park(0.005)
+        inp.close()
+        worker.step_until_done()
+        return "member"
+
+    return run
+
+
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+@pytest.mark.parametrize("when", ["before", "after"])
+def test_a_joined_worker_that_dies_fails_the_job_clearly(when: str) -> None:
+    """SIGKILL of a joining worker (before its join completed, or after it owned bins) fails
+    the job at once with the worker named, and a command that can no longer be answered
+    says why (the job failed, and how) rather than only that replies stopped."""
+    from tokenflow.control import ControlError
+    from tokenflow.execute import WorkerError
+
+    handle = start(joiner_dies(when), workers=2, runtime="process", bins=BINS, slots=3)
+    time.sleep(0.5)
+    began = time.monotonic()
+    if when == "before":
+        with pytest.raises(ControlError, match=r"the job failed: worker 2 was killed by SIGKILL"):
+            handle.scale(3)
+    else:
+        assert handle.scale(3) == [0, 1, 2]
+        time.sleep(1.0)  # the joiner has died by now
+        with pytest.raises(ControlError, match=r"the job failed: worker 2 was killed by SIGKILL"):
+            handle.scale(2)
+    with pytest.raises(WorkerError, match=r"worker 2 was killed by SIGKILL"):
+        handle.result(timeout=30)
+    assert time.monotonic() - began < 15  # well before the feeders' 10 s of epochs end
