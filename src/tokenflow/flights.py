@@ -407,12 +407,6 @@ def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
     return unary_frontier(stream, Exchange(column="origin"), name, constructor)
 
 
-def _unify(parts: list[pa.RecordBatch]) -> list[pa.RecordBatch]:
-    """Cast batches to the first one's schema (Spark partitions may differ in nullability)."""
-    schema = parts[0].schema
-    return [p if p.schema.equals(schema) else p.cast(schema) for p in parts]
-
-
 def month_end_hour(t: int) -> int:
     """The last hour (ms since the epoch, UTC) of the UTC calendar month holding ``t`` (ms)."""
     month = np.datetime64(int(t), "ms").astype("datetime64[M]") + 1
