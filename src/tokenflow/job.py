@@ -170,14 +170,16 @@ class JobHandle:
     def _naming_failure(self) -> Iterator[None]:
         """A ``ControlError`` of a command the job could not answer because it ended says
         why: the control plane sees only that replies stopped coming, while ``result()`` has
-        the failure (e.g. ``worker 2 was killed by SIGKILL``) or the results.  Waits up to
-        ``FAILURE_WAIT`` s for an ending job to finish."""
-        from tokenflow.control import ControlError
+        the failure (e.g. ``worker 2 was killed by SIGKILL``) or the results.  Unless the
+        error is a ``ReplyTimeout``, waits up to ``FAILURE_WAIT`` s for an ending job to
+        finish."""
+        from tokenflow.control import ControlError, ReplyTimeout
 
         try:
             yield
         except ControlError as exc:
-            self._thread.join(FAILURE_WAIT)
+            if not isinstance(exc, ReplyTimeout):  # a timeout in a live job raises at once
+                self._thread.join(FAILURE_WAIT)
             if self._thread.is_alive():
                 raise
             if self._error is None:

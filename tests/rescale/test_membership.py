@@ -187,3 +187,64 @@ def test_a_joined_worker_that_dies_fails_the_job_clearly(when: str) -> None:
     with pytest.raises(WorkerError, match=r"worker 2 was killed by SIGKILL"):
         handle.result(timeout=30)
     assert time.monotonic() - began < 15  # well before the feeders' 10 s of epochs end
+
+
+def busy_member(sleep: float, mark: str | None = None) -> Any:
+    """A word count whose worker 1 spends ``sleep`` s in user code before its fourth epoch
+    (answering no command meanwhile), creating the file ``mark`` as it starts to; a joined
+    worker only closes its input.  Returns each worker's output records as
+    ``(time, (word, running count))``."""
+
+    def run(worker: Any) -> list[tuple[int, Any]]:
+        from tokenflow.rescale import megaphone_fold
+
+        def build(scope: Any) -> Any:
+            inp, stream = scope.new_input()
+            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+            return inp, handle.stream.capture()
+
+        inp, capture = worker.dataflow(build)
+        if not worker.joining:
+            for e in range(30):
+                if e == 3 and worker.index == 1:  # after steps: connected to the coordinator
+                    if mark is not None:
+                        open(mark, "w").close()  # noqa: SIM115 - an empty marker file
+                    time.sleep(sleep)
+                inp.send_batch([f"w{(i * 7 + e * worker.index) % 50}" for i in range(30)])
+                inp.advance_to(e + 1)
+                worker.step_or_park(0.01)
+        inp.close()
+        worker.step_until_done()
+        return [(t, r) for t, batch in capture.by_time().items() for r in batch]
+
+    return run
+
+
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+def test_a_join_that_times_out_in_a_live_job_is_abandoned_and_the_output_is_right(
+        tmp_path: Any) -> None:
+    """A member that answers no command (busy in user code) makes ``add_worker`` time out
+    after one member already admitted the joiner; the joiner is abandoned, the roster stays,
+    the command fails within its timeout and the job ends with the output of a run that no
+    worker tried to join."""
+    from collections import Counter
+
+    from tokenflow.control import ReplyTimeout
+
+    mark = tmp_path / "asleep"
+    handle = start(busy_member(4.0, str(mark)), workers=2, runtime="process", bins=BINS,
+                   slots=3)
+    while not mark.exists():
+        time.sleep(0.01)
+        assert handle.running
+    began = time.monotonic()
+    with pytest.raises(ReplyTimeout, match=r"no 'admitted' reply from workers \[1\]"):
+        handle.add_worker(timeout=1.0)
+    assert time.monotonic() - began < 3.0  # the timeout, not the member's sleep
+    assert handle.roster == [0, 1]
+    results = handle.result(timeout=60)
+    alone = execute(busy_member(0.0), workers=2, runtime="thread", bins=BINS)
+    assert results[2] == []  # the abandoned joiner produced nothing
+    assert Counter(r for w in results[:2] for r in w) == Counter(r for w in alone for r in w)
+    assert sum(len(w) for w in alone) > 0
