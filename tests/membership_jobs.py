@@ -24,6 +24,15 @@ def words(worker: int, epoch: int) -> list[str]:
     return [f"w{int(rng.paretovariate(1.2)) % 50}" for _ in range(30)]
 
 
+def counting(scope: Any) -> tuple[Any, Any]:
+    """``(input, handle)``: a ``megaphone_fold`` of running counts per word over a new input
+    of words (``handle.stream`` carries ``(word, running count)`` records)."""
+    inp, stream = scope.new_input()
+    handle = megaphone_fold(stream.map(lambda w: (w, 1)),
+                            lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+    return inp, handle
+
+
 def word_count(pace: float, epochs: int = 60, joiner_epochs: int = 0) -> Any:
     """The worker function.  Workers started with the job feed epochs ``0..epochs-1``, one
     per ``pace`` s; a joined worker (``worker.joining``), with ``joiner_epochs``, waits for its
@@ -37,9 +46,7 @@ def word_count(pace: float, epochs: int = 60, joiner_epochs: int = 0) -> Any:
 
     def run(worker: Any) -> dict[str, Any]:
         def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
-                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+            inp, handle = counting(scope)
             return inp, handle, handle.stream.capture()
 
         inp, handle, capture = worker.dataflow(build)

@@ -11,7 +11,7 @@ from typing import Any
 import cloudpickle
 import membership_jobs
 import pytest
-from membership_jobs import FEEDERS, merged, oracle, word_count
+from membership_jobs import FEEDERS, counting, merged, oracle, word_count
 
 from tokenflow import execute
 from tokenflow.job import start
@@ -132,18 +132,9 @@ def joiner_dies(when: str) -> Any:
         import os
         import signal
 
-        from tokenflow.rescale import megaphone_fold
-
         if worker.joining and when == "before":
             os.kill(os.getpid(), signal.SIGKILL)
-
-        def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            megaphone_fold(stream.map(lambda w: (w, 1)),
-                           lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
-            return inp
-
-        inp = worker.dataflow(build)
+        inp, _ = worker.dataflow(counting)
         if worker.joining:
             inp.close()
             deadline = time.monotonic() + 0.5
@@ -196,12 +187,8 @@ def busy_member(sleep: float, mark: str | None = None) -> Any:
     ``(time, (word, running count))``."""
 
     def run(worker: Any) -> list[tuple[int, Any]]:
-        from tokenflow.rescale import megaphone_fold
-
         def build(scope: Any) -> Any:
-            inp, stream = scope.new_input()
-            handle = megaphone_fold(stream.map(lambda w: (w, 1)),
-                                    lambda k, v, c: ((c or 0) + v, [(k, (c or 0) + v)]))
+            inp, handle = counting(scope)
             return inp, handle.stream.capture()
 
         inp, capture = worker.dataflow(build)
