@@ -178,14 +178,18 @@ class JobHandle:
         try:
             yield
         except ControlError as exc:
+            if getattr(exc, "names_job_end", False):  # named by a nested command already
+                raise
             if not isinstance(exc, ReplyTimeout):  # a timeout in a live job raises at once
                 self._thread.join(FAILURE_WAIT)
             if self._thread.is_alive():
                 raise
             if self._error is None:
-                raise type(exc)(f"{exc}; the job has finished (result() has its "
-                                "results)") from exc
-            raise type(exc)(f"{exc}; the job failed: {self._error}") from self._error
+                named = type(exc)(f"{exc}; the job has finished (result() has its results)")
+            else:
+                named = type(exc)(f"{exc}; the job failed: {self._error}")
+            named.names_job_end = True  # type: ignore[attr-defined]
+            raise named from (self._error or exc)
 
     def snapshot(self, root: str, stop: bool = True, timeout: float = 60.0) -> int:
         """Snapshot the job at an epoch boundary under ``root``; returns the epoch.

@@ -173,8 +173,10 @@ def test_a_joined_worker_that_dies_fails_the_job_clearly(when: str) -> None:
     else:
         assert handle.scale(3) == [0, 1, 2]
         time.sleep(1.0)  # the joiner has died by now
-        with pytest.raises(ControlError, match=r"the job failed: worker 2 was killed by SIGKILL"):
-            handle.scale(2)
+        with pytest.raises(ControlError, match=r"the job failed: worker 2 was killed by SIGKILL") \
+                as failed:
+            handle.scale(2)  # remove_worker, whose rescale is a command of its own
+        assert str(failed.value).count("the job failed") == 1
     with pytest.raises(WorkerError, match=r"worker 2 was killed by SIGKILL"):
         handle.result(timeout=30)
     assert time.monotonic() - began < 15  # well before the feeders' 10 s of epochs end
