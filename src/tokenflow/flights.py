@@ -283,13 +283,14 @@ class PendingHours(BinnedState):
         self.rows = TimedBatches(HOUR)
         self._schema: pa.Schema | None = None
 
-    def add(self, rows: pa.RecordBatch) -> None:
-        """Hold ``rows`` (``PENDING_COLUMNS`` + ``HOUR``) of flights of pending hours."""
+    def add(self, rows: pa.RecordBatch) -> int | None:
+        """Hold ``rows`` (``PENDING_COLUMNS`` + ``HOUR``) of flights of pending hours; the
+        least hour among them (None for no rows)."""
         if self._schema is None:
             self._schema = rows.schema
         elif not rows.schema.equals(self._schema):
             rows = rows.cast(self._schema)
-        self.rows.add(rows)
+        return self.rows.add(rows)
 
     def pending_times(self) -> list[int]:
         least = self.rows.least()
@@ -364,15 +365,13 @@ def hourly_stats(stream: Stream, name: str = "HourlyStats") -> Stream:
             for ref, batch in flights:
                 if HOUR in batch.schema.names:
                     rows = batch.select([*PENDING_COLUMNS, HOUR])
-                    low = pc.min(rows.column(HOUR)).as_py()
-                    if low is not None and low < ref.time:
-                        raise ValueError(f"{name}: a row of hour {low} in a message at "
-                                         f"{ref.time} (a timed batch's hours must be ≥ its "
-                                         "time)")
                 else:
                     rows = batch.select(PENDING_COLUMNS).append_column(
                         HOUR, pa.array(np.full(batch.num_rows, ref.time, dtype=np.int64)))
-                state.add(rows)
+                low = state.add(rows)
+                if low is not None and low < ref.time:
+                    raise ValueError(f"{name}: a row of hour {low} in a message at {ref.time} "
+                                     "(a timed batch's hours must be ≥ its time)")
                 if not held or ref.time < held[0].time:
                     if held:
                         held.pop().drop()

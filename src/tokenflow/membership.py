@@ -28,9 +28,11 @@ needs no log at the server).
 A join that fails (a worker does not answer in time, or the job's dataflows ended before
 the bootstrap: nobody will serve it) is *abandoned*: the driver sends ``abandon`` to ``k``,
 which stops (``Worker.stop``) and leaves (``Worker.leave``) without having joined, so that
-its worker code returns and the job can end; its slot is not reused.  (Members that admitted
-``k`` keep it in their rosters: abandoning is for a job that cannot complete the join, not a
-way to cancel one that is going on.)
+its worker code returns and the job can end; its slot is not reused.  Members that admitted
+``k`` keep it in their rosters; ``k`` owns no bins and holds no token, so the job's output is
+that of a run nobody joined (tested with a member that answered ``admit`` too late, in a job
+that went on).  Abandoning ends a join that failed; it is not a way to cancel one that is
+going on.
 
 **Leave** of worker ``k``.  The driver first moves ``k``'s state away (a Megaphone rescale to
 a roster without ``k``), then sends ``leave`` to ``k``: once ``k`` holds no token and every

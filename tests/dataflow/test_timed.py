@@ -183,8 +183,9 @@ def test_timed_batches_hand_over_complete_rows_sorted_and_keep_the_rest() -> Non
         rows += batch
         if batch:
             times, ids = zip(*batch, strict=True)
-            pending.add(pa.RecordBatch.from_arrays(
-                [pa.array(times, pa.int64()), pa.array(ids, pa.int64())], names=["time", "id"]))
+            assert pending.add(pa.RecordBatch.from_arrays(
+                [pa.array(times, pa.int64()), pa.array(ids, pa.int64())],
+                names=["time", "id"])) == min(times)
         assert pending.least() == min((t for t, _ in rows if (t, _) not in taken), default=None)
         bound += rng.randrange(0, 4)
         done = pending.take_before(bound if step < 29 else None)

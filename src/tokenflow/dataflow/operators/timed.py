@@ -197,14 +197,16 @@ class TimedBatches:
         self.column = column
         self._least: int | None = None
 
-    def add(self, batch: pa.RecordBatch) -> None:
-        """Buffer ``batch`` (empty batches are ignored)."""
+    def add(self, batch: pa.RecordBatch) -> int | None:
+        """Buffer ``batch`` (empty batches are ignored); the least time in it (None when
+        empty)."""
         if batch.num_rows == 0:
-            return
+            return None
         low = int(np.min(batch.column(self.column).to_numpy()))
         self.batches.append(batch)
         if self._least is None or low < self._least:
             self._least = low
+        return low
 
     def least(self) -> int | None:
         """The least buffered time (None when empty)."""
