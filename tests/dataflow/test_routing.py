@@ -151,3 +151,20 @@ def test_keys_equal_in_python_hash_equal_in_any_mix_and_layout(keys: list[object
         column = column_hashes(pa.array(floats, pa.float64()))
         assert column.tolist() == stable_hash(floats).tolist()
         assert stable_hash(np.array(floats)).tolist() == column.tolist()
+
+
+@given(st.lists(st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=2)), max_size=40),
+                min_size=1, max_size=6),
+       st.integers(1, 5), st.integers(1, 30))
+def test_a_key_router_routes_each_record_as_its_key_alone_would(
+        batches: list[list[object]], peers: int, capacity: int) -> None:
+    """Whatever the memo holds (keys seen before, some new, a memo cleared at ``capacity``),
+    every record routes where its key's hash alone sends it."""
+    from tokenflow.dataflow.routing import KeyRouter, route_hashes, stable_hash
+
+    router = KeyRouter(None, peers, capacity=capacity)
+    for batch in batches:
+        if not batch:
+            continue
+        expected = [int(route_hashes(stable_hash([k]), peers)[0]) for k in batch]
+        assert list(router.routes(batch)) == expected
