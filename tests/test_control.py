@@ -78,3 +78,60 @@ def test_a_written_reply_may_overtake_a_slower_workers_capture() -> None:
     hub.replies.put({"kind": "idle", "worker": 0, "round": 7})
     with pytest.raises(ControlError, match="expected 'captured'"):
         gather(hub, "captured", [0], 5.0, None, 7, [])
+
+
+class _NobodyConnects:
+    """A coordinator no worker ever connects to."""
+
+    def connected(self) -> set[int]:
+        return set()
+
+    def send(self, worker: int, message: dict) -> None:
+        raise AssertionError("nothing is sent to a worker that never connected")
+
+
+def test_a_command_waits_for_an_unconnected_worker_only_as_long_as_its_own_timeout() -> None:
+    """``JobHandle.rescale(timeout=0.3)`` on a job whose worker 0 never connects fails after
+    about 0.3 s naming the command's timeout, not after the hub's 60 s connect timeout; a
+    send outside any command still waits ``connect_timeout``."""
+    import threading
+
+    from tokenflow.control import CoordinatorHub, command_deadline
+    from tokenflow.job import JobHandle, JobSpec
+
+    hub = CoordinatorHub(_NobodyConnects(), connect_timeout=60.0)
+    ended = threading.Event()
+    handle = JobHandle(JobSpec(name="nobody", routing={}), 2, hub, run=lambda: [ended.wait(30)])
+    try:
+        began = time.monotonic()
+        with pytest.raises(ControlError, match=r"worker 0 did not connect .*command's timeout"):
+            handle.rescale(2, timeout=0.3)
+        assert time.monotonic() - began < 5.0
+    finally:
+        ended.set()
+        handle.wait(5.0)
+
+    quick = CoordinatorHub(_NobodyConnects(), connect_timeout=0.2)
+    with pytest.raises(ControlError, match=r"within 0\.2 s$"):
+        quick.send(1, {"kind": "x"})
+    # nested blocks keep the earlier deadline; another thread's block does not apply here
+    slow = CoordinatorHub(_NobodyConnects(), connect_timeout=60.0)
+    began = time.monotonic()
+    with command_deadline(0.3), command_deadline(30.0), pytest.raises(ControlError):
+        slow.send(0, {"kind": "x"})
+    assert time.monotonic() - began < 5.0
+    other: list[float] = []
+
+    def elsewhere() -> None:
+        with command_deadline(0.1):
+            time.sleep(0.5)
+            other.append(1.0)
+
+    thread = threading.Thread(target=elsewhere)
+    thread.start()
+    began = time.monotonic()
+    with pytest.raises(ControlError, match=r"within 0\.6 s$"):
+        CoordinatorHub(_NobodyConnects(), connect_timeout=0.6).send(0, {"kind": "x"})
+    assert time.monotonic() - began >= 0.55
+    thread.join()
+    assert other == [1.0]

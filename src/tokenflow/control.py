@@ -138,7 +138,8 @@ class ControlError(RuntimeError):
 
 
 class ReplyTimeout(ControlError):
-    """A reply did not come within the time allowed (``gather``)."""
+    """A reply did not come within the time allowed (``gather``), or a worker did not
+    connect to the coordinator within it (``CoordinatorHub.send``)."""
 
 
 class Hub(Protocol):
@@ -211,6 +212,25 @@ class QueueLink:
             return None
 
 
+_deadlines = threading.local()
+
+
+@contextlib.contextmanager
+def command_deadline(timeout: float) -> Iterator[None]:
+    """Within the block, this thread's ``CoordinatorHub.send`` waits for a worker that has
+    not connected yet until ``timeout`` s after the block began, not ``connect_timeout``: a
+    command with a timeout of its own (``JobHandle.rescale(timeout=5)``) fails within it
+    instead of waiting a minute for a worker that never connects.  Blocks nest (the earlier
+    deadline holds); other threads' commands keep their own."""
+    previous: float | None = getattr(_deadlines, "at", None)
+    at = time.monotonic() + timeout
+    _deadlines.at = at if previous is None else min(previous, at)
+    try:
+        yield
+    finally:
+        _deadlines.at = previous
+
+
 class CoordinatorHub:
     """A ``Hub`` over the driver's ``Coordinator`` (process and spark runtimes)."""
 
@@ -228,12 +248,19 @@ class CoordinatorHub:
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send to ``worker``, waiting up to ``connect_timeout`` s for it to connect (workers
-        connect when they start).
+        connect when they start), or until the deadline of the ``command_deadline`` block
+        the calling thread is in, if that comes first.
 
         Raises:
-            ControlError: the worker did not connect in time, or it was connected and is gone.
+            ReplyTimeout: the worker did not connect in time.
+            ControlError: it was connected and is gone, or the job ended.
         """
-        deadline = time.monotonic() + self.connect_timeout
+        start = time.monotonic()
+        deadline = start + self.connect_timeout
+        command: float | None = getattr(_deadlines, "at", None)
+        by_command = command is not None and command < deadline
+        if by_command:
+            deadline = command  # type: ignore[assignment]
         while worker not in self.coordinator.connected():
             if worker in self._seen:
                 raise ControlError(f"worker {worker} has ended (its connection closed)")
@@ -241,8 +268,9 @@ class CoordinatorHub:
                 raise ControlError(f"the job ended before worker {worker} connected to the "
                                    "coordinator")
             if time.monotonic() > deadline:
-                raise ControlError(f"worker {worker} did not connect to the coordinator within "
-                                   f"{self.connect_timeout} s")
+                raise ReplyTimeout(f"worker {worker} did not connect to the coordinator within "
+                                   + (f"{time.monotonic() - start:.1f} s (the command's timeout)"
+                                      if by_command else f"{self.connect_timeout} s"))
             time.sleep(0.01)
         self._seen.add(worker)
         self.coordinator.send(worker, message)

@@ -167,16 +167,18 @@ class JobHandle:
         return not self._thread.is_alive()
 
     @contextmanager
-    def _naming_failure(self) -> Iterator[None]:
-        """A ``ControlError`` of a command the job could not answer because it ended says
-        why: the control plane sees only that replies stopped coming, while ``result()`` has
-        the failure (e.g. ``worker 2 was killed by SIGKILL``) or the results.  Unless the
-        error is a ``ReplyTimeout``, waits up to ``FAILURE_WAIT`` s for an ending job to
-        finish."""
-        from tokenflow.control import ControlError, ReplyTimeout
+    def _naming_failure(self, timeout: float) -> Iterator[None]:
+        """The body of a command with ``timeout`` s: a worker not connected yet is waited for
+        that long at most (``command_deadline``), and a ``ControlError`` of a command the job
+        could not answer because it ended says why: the control plane sees only that replies
+        stopped coming, while ``result()`` has the failure (e.g. ``worker 2 was killed by
+        SIGKILL``) or the results.  Unless the error is a ``ReplyTimeout``, waits up to
+        ``FAILURE_WAIT`` s for an ending job to finish."""
+        from tokenflow.control import ControlError, ReplyTimeout, command_deadline
 
         try:
-            yield
+            with command_deadline(timeout):
+                yield
         except ControlError as exc:
             if getattr(exc, "names_job_end", False):  # named by a nested command already
                 raise
@@ -209,7 +211,7 @@ class JobHandle:
                              "only, so it would lose the joined workers' state and the source "
                              "splits handed to them: jobs that workers join are not snapshotted")
 
-        with self._naming_failure():
+        with self._naming_failure(timeout):
             epoch = take_snapshot(self.hub, list(range(self.workers)), root, self.spec.name,
                                   self.spec.table, stop=stop, timeout=timeout,
                                   alive=self._thread.is_alive)
@@ -245,7 +247,7 @@ class JobHandle:
         """
         from tokenflow.control import ControlError
 
-        with self._naming_failure():
+        with self._naming_failure(timeout):
             self.hub.send(0, {"kind": "rescale", "round": None, **command})
             deadline = time.monotonic() + timeout
             while time.monotonic() < deadline:
@@ -305,7 +307,7 @@ class JobHandle:
         k = free[0]
         self._used.add(k)
         launch(k, [*self.roster, k])
-        with self._naming_failure():
+        with self._naming_failure(timeout):
             try:
                 join(self.hub, list(self.roster), k, timeout, self._thread.is_alive)
             except ControlError:
@@ -341,7 +343,7 @@ class JobHandle:
         if worker not in self.roster or len(self.roster) == 1:
             raise ValueError(f"cannot remove worker {worker} from {self.roster}")
         rest = [w for w in self.roster if w != worker]
-        with self._naming_failure():
+        with self._naming_failure(timeout):
             if self.move_sources if sources is None else sources:
                 self._move_sources(list(self.roster), rest, timeout)
             if self.migrating:
