@@ -155,11 +155,13 @@ def test_keys_equal_in_python_hash_equal_in_any_mix_and_layout(keys: list[object
 
 @given(st.lists(st.lists(st.one_of(st.integers(-50, 50), st.text(max_size=2)), max_size=40),
                 min_size=1, max_size=6),
-       st.integers(1, 5), st.integers(1, 30))
+       st.one_of(st.integers(1, 5), st.sampled_from([254, 255, 256, 300])), st.integers(1, 30))
 def test_a_key_router_routes_each_record_as_its_key_alone_would(
         batches: list[list[object]], peers: int, capacity: int) -> None:
-    """Whatever the memo holds (keys seen before, some new, a memo cleared at ``capacity``),
-    every record routes where its key's hash alone sends it."""
+    """Whatever the memo holds (keys seen before, a few new among many known, most new, a
+    memo cleared at ``capacity``) and after whatever the last batch held, every record
+    routes where its key's hash alone sends it, at worker counts around the one-byte
+    routes' limit too."""
     from tokenflow.dataflow.routing import KeyRouter, route_hashes, stable_hash
 
     router = KeyRouter(None, peers, capacity=capacity)
