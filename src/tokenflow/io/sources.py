@@ -604,12 +604,10 @@ class _Reader:
     # -- progress bookkeeping ---------------------------------------------------------------
 
     def _record(self, key: str, logical: np.ndarray, first: int) -> None:
-        """Note the offsets ``[first, first + len(logical))`` read at their logical times."""
-        bounds = np.flatnonzero(logical[1:] != logical[:-1]) + 1
-        starts = [0, *bounds.tolist()]
-        ends = [*bounds.tolist(), len(logical)]
+        """Note the offsets ``[first, first + len(logical))`` read at their logical times
+        (``logical`` is sorted: a split's rows come in time order)."""
         epochs = self.epochs
-        for s, e, t in zip(starts, ends, logical[starts].tolist(), strict=True):
+        for s, e, t in _runs(logical):
             ranges = epochs.get(t)
             if ranges is None:
                 ranges = epochs[t] = {}
@@ -777,6 +775,8 @@ class _Reader:
                 continue
             if len(got) == 1:
                 logical, batch = got[0]
+            elif all(g[0][0] == g[0][-1] == got[0][0][0] for g in got):  # one time: an epoch
+                logical, batch = got[0][0][:1], _concat([g[1] for g in got])
             else:
                 logical = np.concatenate([g[0] for g in got])
                 batch = _concat([g[1] for g in got])
@@ -784,16 +784,27 @@ class _Reader:
                     order = np.argsort(logical, kind="stable")
                     logical = logical[order]
                     batch = batch.take(pa.array(order))
-            bounds = np.flatnonzero(logical[1:] != logical[:-1]) + 1
-            starts = [0, *bounds.tolist()]
-            ends = [*bounds.tolist(), len(logical)]
             token = self.tokens[port] if port < len(self.tokens) else cap
-            for s, e, t in zip(starts, ends, logical[starts].tolist(), strict=True):
-                outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
+            if logical[0] == logical[-1]:
+                outputs[port].give_batch(token, batch, time=int(logical[0]))
+            else:
+                for s, e, t in _runs(logical):
+                    outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
             last = int(logical[-1])
             if self.max_emitted is None or last > self.max_emitted:
                 self.max_emitted = last
         return consumed
+
+
+def _runs(logical: np.ndarray) -> list[tuple[int, int, int]]:
+    """``(start, end, time)`` of each run of equal values in a sorted non-empty ``logical``:
+    one run, without a vector pass, when its first and last values are equal."""
+    first = int(logical[0])
+    if first == logical[-1]:
+        return [(0, len(logical), first)]
+    bounds = (np.flatnonzero(logical[1:] != logical[:-1]) + 1).tolist()
+    return list(zip([0, *bounds], [*bounds, len(logical)], logical[[0, *bounds]].tolist(),
+                    strict=True))
 
 
 def _concat(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
