@@ -347,8 +347,8 @@ class KeyRouter:
     (50,000 words: 1.0 ms); a batch with keys not seen before (the tail of a Zipf vocabulary
     brings a few in most batches for a long time) costs one pass of ``dict.get`` with a
     default byte, which marks the new keys' positions, then work on those positions only
-    (1-364 new words in 50,000, alone on one core: 1.5-1.7 ms, where a failed
-    ``itemgetter``, a ``set`` of the batch and a second pass took 2.4-2.8 ms).  After a
+    (1-364 new words in 50,000, alone on one core: 1.5-1.9 ms, where a failed
+    ``itemgetter``, a ``set`` of the batch and a second pass took 2.4-2.9 ms).  After a
     batch with new keys the next one starts with the marking pass; after a batch of mostly
     new keys (a quarter or more of its distinct keys: a stream's first
     batches, or keys that rarely repeat) the next one skips it for a ``set`` of the batch.
