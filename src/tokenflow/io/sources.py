@@ -775,8 +775,6 @@ class _Reader:
                 continue
             if len(got) == 1:
                 logical, batch = got[0]
-            elif all(g[0][0] == g[0][-1] == got[0][0][0] for g in got):  # one time: an epoch
-                logical, batch = got[0][0][:1], _concat([g[1] for g in got])
             else:
                 logical = np.concatenate([g[0] for g in got])
                 batch = _concat([g[1] for g in got])
@@ -785,11 +783,8 @@ class _Reader:
                     logical = logical[order]
                     batch = batch.take(pa.array(order))
             token = self.tokens[port] if port < len(self.tokens) else cap
-            if logical[0] == logical[-1]:
-                outputs[port].give_batch(token, batch, time=int(logical[0]))
-            else:
-                for s, e, t in _runs(logical):
-                    outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
+            for s, e, t in _runs(logical):
+                outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
             last = int(logical[-1])
             if self.max_emitted is None or last > self.max_emitted:
                 self.max_emitted = last
