@@ -152,6 +152,41 @@ def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str, hashed: list[i
     assert sum(hashed) <= rows, (kind, hashed, rows, held)
 
 
+def chunk_groups(state: Any) -> dict[tuple[int, int], list[np.ndarray]]:
+    """Per (part, window end), the key array of each chunk held (q5: partials' auctions; q8:
+    persons' ids, then sellers)."""
+    if isinstance(state, q5.WindowCounts):
+        return {(0, e): [a for a, _ in parts] for e, parts in state.partials.items()}
+    groups = {(0, e): [b.column("id").to_numpy() for b in batches]
+              for e, batches in state.persons.items()}
+    groups.update({(1, e): list(arrays) for e, arrays in state.sellers.items()})
+    return groups
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_a_take_merges_each_window_it_cuts_twice_and_the_next_take_hashes_nothing_kept(
+        kind: str, hashed: list[int]) -> None:
+    state = grown(kind, seed=5, rounds=60)
+    assert state.prepare_take(math.inf)
+    gone = list(range(0, 64, 4))
+
+    def cut(keys: np.ndarray) -> bool:
+        return bool(np.isin(bins_of(column_hashes(pa.array(keys)), 64), gone).any())
+
+    merged = {g for g, chunks in chunk_groups(state).items() if sum(map(cut, chunks)) > 1}
+    assert merged  # the case under test occurs
+    hashed.clear()
+    state.take(gone)
+    after = chunk_groups(state)
+    for group in merged:  # one chunk of what stays (or none, when the take emptied it)
+        assert len(after.get(group, [])) <= 1, (group, len(after[group]))
+    hashed.clear()
+    taken = state.take(range(1, 64, 4))  # the merged chunks' bins were kept with them
+    rows = sum(t.num_rows for t in taken.values())
+    assert rows > 0
+    assert sum(hashed) <= rows, (kind, hashed, rows)
+
+
 def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(hashed: list[int]) -> None:
     memo = ChunkBins()
     rng = np.random.default_rng(3)

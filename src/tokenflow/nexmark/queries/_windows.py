@@ -281,8 +281,9 @@ class ChunkBins:
 
     def split(self, groups: Mapping[Any, Sequence[Any]], memo: Callable[[Any], Any],
               keys: Callable[[Any], pa.Array | np.ndarray], member: np.ndarray,
-              cut: Callable[[Any, np.ndarray], Any]) -> tuple[dict[Any, list[Any]],
-                                                               dict[Any, list[Any]]]:
+              cut: Callable[[Any, np.ndarray], Any],
+              merge: Callable[[list[Any]], Any] | None = None) -> tuple[dict[Any, list[Any]],
+                                                                         dict[Any, list[Any]]]:
         """Split the chunks of ``groups`` (e.g. per window end) by the bins in ``member`` (bool
         per bin): ``(taken, kept)``, per group, the rows of those bins (``cut(chunk, mask)`` of
         each chunk holding some, in chunk order) and the chunks that stay (untouched ones as
@@ -292,7 +293,12 @@ class ChunkBins:
         tuple, which takes no weak reference) and ``keys(memo(chunk))`` its key column.
 
         One gather over all the held rows' bins and one cumulative sum find the chunks with
-        rows to take, so the per-chunk work is for those only."""
+        rows to take, so the per-chunk work is for those only.  With ``merge`` (one chunk of
+        the rows of several, in their order), a group in which several chunks have rows to
+        take is merged first and cut once each way: a chunk of a few hundred keys holds a row
+        of nearly every bin, so a take of even one bin touches every chunk, and two cuts per
+        chunk cost more than one copy of the group; what stays is then one chunk (with its
+        rows' bins), which the next take (a fluid migration's next step) finds whole."""
         chunks = [c for cs in groups.values() for c in cs]
         objects = [memo(c) for c in chunks]
         found = self.lookup(objects, keys, len(member))
@@ -305,8 +311,18 @@ class ChunkBins:
         at = 0
         for group, members in groups.items():
             staying: list[Any] = []
-            for chunk in members:
-                i, at = at, at + 1
+            first, at = at, at + len(members)
+            if merge is not None and sum(i in touched for i in range(first, at)) > 1:
+                chunk = merge(list(members))
+                seg = hit[offsets[first]:offsets[at]]
+                taken[group] = [cut(chunk, seg)]
+                if not seg.all():
+                    stay = ~seg
+                    kept[group] = [cut(chunk, stay)]
+                    bins: np.ndarray = np.concatenate(found[first:at])  # type: ignore[arg-type]
+                    self.put(memo(kept[group][0]), bins[stay], len(member))
+                continue
+            for i, chunk in enumerate(members, first):
                 if i not in touched:
                     staying.append(chunk)
                     continue

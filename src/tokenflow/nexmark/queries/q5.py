@@ -167,12 +167,14 @@ class WindowCounts(ColumnarState):
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the partial counts of the auctions of ``member`` bins: one gather over the
         held rows' bins (hashed once per partial, ``ChunkBins.split``) finds the partials
-        with rows going, each filtered each way; the taken partials are summed per window (as
+        with rows going; a window with several is concatenated into one partial first, which
+        is filtered each way; the taken partials are summed per window (as
         ``rows()`` sums them); a window left without partials is forgotten (its token is
         released)."""
         if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
-        taken, left = self._bins.split(self.partials, _first, _itself, member, _cut)
+        taken, left = self._bins.split(self.partials, _first, _itself, member, _cut,
+                                           _merge)
         self.partials = left
         if not taken:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), True)]
@@ -234,6 +236,11 @@ def _itself(auctions: np.ndarray) -> np.ndarray:
 def _cut(partial: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows of a partial where ``mask`` is set."""
     return partial[0][mask], partial[1][mask]
+
+
+def _merge(partials: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One partial of the rows of ``partials``, in their order (not summed)."""
+    return np.concatenate([p[0] for p in partials]), np.concatenate([p[1] for p in partials])
 
 
 def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,

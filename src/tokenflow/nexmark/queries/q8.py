@@ -99,6 +99,11 @@ def _filter(batch: pa.RecordBatch, mask: np.ndarray) -> pa.RecordBatch:
     return batch.filter(pa.array(mask))
 
 
+def _merge_persons(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
+    """One persons batch of the rows of ``batches``, in their order."""
+    return pa.concat_batches(batches)
+
+
 def _mask(sellers: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The sellers where ``mask`` is set."""
     return sellers[mask]
@@ -228,14 +233,16 @@ class WindowState(ColumnarState):
         """Remove the persons and sellers of ``member`` bins.
 
         One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.split``)
-        finds the persons batches (seller arrays) with rows going; each of those is filtered
-        each way, the kept rows a chunk of their own with their bins remembered.  The taken
+        finds the persons batches (seller arrays) with rows going; a window with several is
+        concatenated into one batch (array) first, and each is filtered each way, the kept
+        rows a chunk of their own with their bins remembered.  The taken
         persons of a window come in batch order, its taken sellers distinct, as ``rows()``
         gives them.  A window left without persons (sellers) is forgotten there; one left
         with neither releases its token."""
         self._loose = {}  # batches added before stay as they are
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
-        taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter)
+        taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter,
+                                           _merge_persons)
         self.persons = kept
         person_parts = [b for batches in taken.values() for b in batches]
         person_ends = [np.full(b.num_rows, end, dtype=np.int64)
@@ -247,7 +254,8 @@ class WindowState(ColumnarState):
         else:
             persons = PERSON_ROWS.empty_table()
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
-        gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask)
+        gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask,
+                                         np.concatenate)
         self.sellers = left
         seller_parts = [(end, np.unique(np.concatenate(arrays))) for end, arrays in gone.items()]
         if seller_parts:
