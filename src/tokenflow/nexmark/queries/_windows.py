@@ -217,6 +217,13 @@ to it, so a state of many small chunks pays few calls, and ``warm`` checks its d
 between groups."""
 
 
+MERGE_ROWS = 4096
+"""Chunks below this many rows that a take cuts are merged with their small neighbours first
+(``ChunkBins.split``): two cuts of a chunk cost tens of microseconds whatever its size, a copy
+of its rows a few nanoseconds each, so for small chunks one copy and two cuts of the run is
+the cheaper; a larger chunk (a window's compacted rows) is cut on its own, without the copy."""
+
+
 class ChunkBins:
     """The bin of every row of a columnar state's key chunks, computed once per chunk.
 
@@ -292,49 +299,70 @@ class ChunkBins:
         its bins are remembered by (the chunk itself, or its key array when the chunk is a
         tuple, which takes no weak reference) and ``keys(memo(chunk))`` its key column.
 
-        One gather over all the held rows' bins and one cumulative sum find the chunks with
-        rows to take, so the per-chunk work is for those only.  With ``merge`` (one chunk of
-        the rows of several, in their order), a group in which several chunks have rows to
-        take is merged first and cut once each way: a chunk of a few hundred keys holds a row
-        of nearly every bin, so a take of even one bin touches every chunk, and two cuts per
-        chunk cost more than one copy of the group; what stays is then one chunk (with its
+        One gather over all the held rows' bins and one ``logical_or.reduceat`` find the
+        chunks with rows to take, so the per-chunk work is for those only.  With ``merge`` (one chunk of
+        the rows of several, in their order), a run of consecutive chunks under
+        ``MERGE_ROWS`` rows of which several have rows to take is merged first and cut once
+        each way: a chunk of a few hundred keys holds a row of nearly every bin, so a take of
+        even one bin touches all of them; what stays of the run is then one chunk (with its
         rows' bins), which the next take (a fluid migration's next step) finds whole."""
         chunks = [c for cs in groups.values() for c in cs]
         objects = [memo(c) for c in chunks]
         found = self.lookup(objects, keys, len(member))
         hit = member[np.concatenate([np.zeros(0, np.uint16), *found])]  # type: ignore[list-item]
         offsets = np.cumsum([0, *(len(f) for f in found)])  # type: ignore[arg-type]
-        before = np.concatenate([[0], np.cumsum(hit)])
-        touched = set(np.flatnonzero(before[offsets[1:]] - before[offsets[:-1]]).tolist())
+        sizes = np.diff(offsets)
+        starts = offsets[:-1][sizes > 0]  # reduceat needs non-empty segments
+        any_hit = np.logical_or.reduceat(hit, starts) if len(starts) else hit[:0]
+        touched = set(np.flatnonzero(sizes > 0)[any_hit].tolist())
         taken: dict[Any, list[Any]] = {}
         kept: dict[Any, list[Any]] = {}
         at = 0
         for group, members in groups.items():
             staying: list[Any] = []
             first, at = at, at + len(members)
-            if merge is not None and sum(i in touched for i in range(first, at)) > 1:
-                chunk = merge(list(members))
-                seg = hit[offsets[first]:offsets[at]]
-                taken[group] = [cut(chunk, seg)]
-                if not seg.all():
-                    stay = ~seg
-                    kept[group] = [cut(chunk, stay)]
-                    bins: np.ndarray = np.concatenate(found[first:at])  # type: ignore[arg-type]
-                    self.put(memo(kept[group][0]), bins[stay], len(member))
-                continue
-            for i, chunk in enumerate(members, first):
-                if i not in touched:
-                    staying.append(chunk)
+            for lo, hi in self._runs(found, touched, first, at, merge is not None):
+                if hi - lo > 1:  # consecutive small chunks, several cut: one copy, one cut
+                    chunk = merge(list(members[lo - first:hi - first]))  # type: ignore[misc]
+                    seg = hit[offsets[lo]:offsets[hi]]
+                    bins: np.ndarray = np.concatenate(found[lo:hi])  # type: ignore[arg-type]
+                elif lo in touched:
+                    chunk = members[lo - first]
+                    seg = hit[offsets[lo]:offsets[hi]]
+                    bins = found[lo]  # type: ignore[assignment]
+                else:
+                    staying.append(members[lo - first])
                     continue
-                seg = hit[offsets[i]:offsets[i + 1]]
                 taken.setdefault(group, []).append(cut(chunk, seg))
                 if not seg.all():
                     stay = ~seg
                     staying.append(cut(chunk, stay))
-                    self.put(memo(staying[-1]), found[i][stay], len(member))  # type: ignore[index]
+                    self.put(memo(staying[-1]), bins[stay], len(member))
             if staying:
                 kept[group] = staying
         return taken, kept
+
+    @staticmethod
+    def _runs(found: Sequence[np.ndarray | None], touched: set[int], first: int, end: int,
+              merging: bool) -> list[tuple[int, int]]:
+        """The chunks ``[first, end)`` of one group as ranges ``[lo, hi)``: a range of several
+        is a run of consecutive chunks under ``MERGE_ROWS`` rows of which more than one has
+        rows to take (merged, then cut once each way); every other chunk is a range of its
+        own."""
+        ranges: list[tuple[int, int]] = []
+        lo = first
+        for i in range(first, end + 1):
+            small = i < end and merging and len(found[i]) < MERGE_ROWS  # type: ignore[arg-type]
+            if small:
+                continue
+            if sum(j in touched for j in range(lo, i)) > 1:
+                ranges.append((lo, i))
+            else:
+                ranges.extend((j, j + 1) for j in range(lo, i))
+            if i < end:
+                ranges.append((i, i + 1))
+            lo = i + 1
+        return ranges
 
     def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
              bins: int, deadline: float) -> bool:
