@@ -22,22 +22,27 @@ word-count section; 10,000 auctions in flight as in ``rescale_nexmark.py``, epoc
    calibration run first; the measured run's epochs then have the size the paced runs will have
    (event-time rate = half the calibration), so both measure the same per-epoch costs.
 2. **Paced runs** at half of the measured maximum (``run_query(pace=...)``, open loop: every
-   source worker sends epoch ``k`` no earlier than ``k * 0.1`` s after the first epoch passed
-   its probe, so all workers offer an epoch at the same moment; the event-time rate
-   equals the pace, so event time runs with the wall clock; ``lag`` 10,000: never limited),
+   source worker sends an epoch once its first event is due at the pace, counted from the
+   first epoch passing its probe, so all workers offer an epoch at the same moment; the
+   generator's rate is the pace, but its events are a whole number of microseconds apart
+   (Beam's ``rateToPeriodUs``), so above about 300,000 events/s event time runs faster than
+   the wall clock (at 698,000 events/s: 1,000,000 events a second of event time, so an epoch
+   of 100 ms of event time is offered every 143 ms: ``epoch_seconds``); ``lag`` 10,000: never
+   limited),
    ``SECONDS`` long: once without rescaling (the reference: its rows are the expected output,
    its latencies the noise floor) and once per strategy with the roster changed to 3, 4, 3, 2
-   when worker 0 has sent the epochs of ``CHANGES`` seconds (``rescale_at``: fixed wall-clock
-   points of the paced input).  Fluid uses 256 bins (one bin per step), the others 4,096.
+   when worker 0 has sent the epochs of ``CHANGES`` seconds (``rescale_at``: the epochs
+   offered at those wall-clock points of the paced input).  Fluid uses 256 bins (one bin per
+   step), the others 4,096.
 
 Measures, per run: epoch latency (``run_query``: the last worker's output frontier passing the
 epoch less the last worker's send of it); a *migration window* per change from worker 0's
 request (its send of the epoch that triggered it) until the output passed the change's last
 step (``ChangeReport.end``); *steady*: epochs sent after ``WARMUP`` s and before the first
 request; *during migration*: epochs whose [sent, passed] overlaps a window; *zero throughput*:
-wall-clock periods of one epoch (100 ms, from the first send; after ``WARMUP``) in which no
-epoch's output completed, the longest run of them (2 or more: throughput zero for two consecutive epochs).
-Every run's rows must equal the reference's.
+wall-clock periods of one epoch (``epoch_seconds``, from the first send; after ``WARMUP``) in
+which no epoch's output completed, the longest run of them (2 or more: throughput zero for two
+consecutive epochs).  Every run's rows must equal the reference's.
 
 Run: ``nice -n 10 .venv/bin/python benchmarks/rescale_latency.py`` (about 12 minutes on 2
 cores) or ``--quick`` (q5 only, shorter runs: a smoke test, writes nothing); ``--report``
@@ -68,7 +73,7 @@ WORKERS = 4
 START = 2
 ROSTERS = (3, 4, 3, 2)
 GRANULARITY = 100
-"""Epoch length, ms of event time (= wall time at the paced rate)."""
+"""Epoch length, ms of event time (``epoch_seconds`` of wall time at the paced rate)."""
 CHANGES = (10.0, 20.0, 30.0, 40.0)
 """Seconds of paced input after which worker 0 asks for each roster of ``ROSTERS``."""
 SECONDS = 50.0
@@ -104,13 +109,21 @@ def maximum(query: str, seconds: float) -> dict[str, Any]:
             "rate": rate, "events_per_second": measured}
 
 
+def epoch_seconds(pace: int) -> float:
+    """Wall seconds between two epochs offered at ``pace`` events/s: an epoch holds
+    ``GRANULARITY`` ms of event time, and the generator's event time runs at a whole number of
+    microseconds per event (``GeneratorConfig.inter_event_delay_us``)."""
+    event_rate = 1_000_000 / config(pace).inter_event_delay_us
+    return GRANULARITY / 1000 * event_rate / pace
+
+
 def paced(query: str, pace: int, seconds: float, strategy: str | None,
           changes: tuple[float, ...]) -> dict[str, Any]:
     """One paced run (``strategy`` None: without rescaling); plain data."""
     from tokenflow.nexmark.run import run_query
 
     events = int(pace * seconds)
-    epochs_per_second = 1000 / GRANULARITY
+    epochs_per_second = 1 / epoch_seconds(pace)
     options: dict[str, Any] = {}
     if strategy is not None:
         options = {"rescale_at": [(int(round(s * epochs_per_second)), n)
@@ -126,6 +139,7 @@ def paced(query: str, pace: int, seconds: float, strategy: str | None,
         "wall": time.time() - began, "load": [load, os.getloadavg()[0]],
         "started": r.started, "sent": [s - r.started for s in r.sent_at],
         "latency_ms": r.latencies_ms, "epochs": r.epoch_times, "seconds": r.seconds,
+        "epoch_seconds": epoch_seconds(pace),
         "rows": r.rows, "requests": [int(round(s * epochs_per_second)) for s in changes]
         if strategy is not None else [],
         "migrations": [{"time": m.time, "end": m.end, "steps": m.steps, "bins": m.bins,
@@ -146,7 +160,7 @@ def analyse(run: dict[str, Any]) -> dict[str, Any]:
     passed = sent + lat / 1000
     epochs = np.array(run["epochs"])
     windows = []
-    period = GRANULARITY / 1000
+    period = run.get("epoch_seconds", GRANULARITY / 1000)  # JSON of older runs: 100 ms
     for k, m in zip(run["requests"], run["migrations"], strict=False):
         # worker 0 asked once it had sent epoch k-1; the first step is at the data frontier
         # then (+1), which may be an epoch before: the window starts at the earlier send
@@ -226,11 +240,12 @@ def report(runs: list[dict[str, Any]], maxima: dict[str, dict[str, Any]], header
     lines = [HEADING, "", header, "", "Maximum throughput (closed loop, elastic job on workers "
              "0-1 of 4 processes, no rescaling) and the paced load:", "",
              "| query | calibration events/s (event-time rate 30,000) | measured events/s "
-             "(event-time rate = half the calibration) | pace: offered events/s |",
-             "|---|---:|---:|---:|"]
+             "(event-time rate = half the calibration) | pace: offered events/s | an epoch "
+             f"({GRANULARITY} ms of event time) offered every, ms |",
+             "|---|---:|---:|---:|---:|"]
     for q, m in maxima.items():
         lines.append(f"| {q} | {m['calibration']:,.0f} | {m['events_per_second']:,.0f} | "
-                     f"{m['pace']:,} |")
+                     f"{m['pace']:,} | {epoch_seconds(m['pace']) * 1000:.0f} |")
     lines += ["", "| query | strategy | load avg start, end | steady epochs | steady p50 ms | "
               "steady p99 ms | migration epochs | migration p99 ms | p99 <= 2x steady and "
               "<= 100 ms | migration max ms | max <= 250 ms | longest run of zero-output "
