@@ -28,7 +28,6 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from tokenflow.dataflow.capability import Capability, CapabilityRef
 from tokenflow.dataflow.channels import Exchange
@@ -520,10 +519,16 @@ class ColumnarState(BinnedState):
         if PART not in table.column_names:
             self.add_rows(0, table)
             return
-        tags = table.column(PART)
+        # each exported table holds its parts in runs (part 0's rows, then part 1's): slice
+        # the runs, where a filter per part copied every row (7 of 11 ms of a q8 load)
+        tags = int_column(table, PART)
+        starts = np.flatnonzero(np.r_[True, tags[1:] != tags[:-1]]).tolist()
+        runs: dict[int, list[pa.Table]] = {}
+        for lo, hi in zip(starts, [*starts[1:], len(tags)], strict=True):
+            runs.setdefault(int(tags[lo]), []).append(table.slice(lo, hi - lo))
         for i, columns in enumerate(self.PARTS):
-            mine = table.filter(pc.equal(tags, pa.scalar(i, pa.int8())))
-            if mine.num_rows:
+            if i in runs:
+                mine = runs[i][0] if len(runs[i]) == 1 else pa.concat_tables(runs[i])
                 self.add_rows(i, mine.select(list(columns)))
 
     def discard(self, bins: Iterable[int]) -> None:
