@@ -342,7 +342,8 @@ def main() -> None:
               f"processes and the driver on them), Python {platform.python_version()}; 1-minute "
               f"load average {os.getloadavg()[0]:.1f} at the start. {provenance()} Load: half of "
               f"each query's measured maximum throughput, {seconds:.0f} s paced, epochs of "
-              f"{GRANULARITY} ms, roster changes at {', '.join(f'{s:.0f}' for s in changes)} s.")
+              f"{GRANULARITY} ms of event time (offered every `epoch_seconds` of wall time: the "
+              f"table below), roster changes at {', '.join(f'{s:.0f}' for s in changes)} s.")
     runs: list[dict[str, Any]] = []
     maxima: dict[str, dict[str, Any]] = {}
     for q in queries:
