@@ -183,6 +183,25 @@ def test_q8_windows_are_compacted() -> None:
     assert np.concatenate(state.sellers[10]).tolist() == ids.tolist()
 
 
+def test_q8_compacted_sellers_are_distinct() -> None:
+    """A compacted seller array holds each seller of its batches once (the join needs only
+    the distinct sellers), and no seller is lost; batches added since stay as added."""
+    state = q8.WindowState(size=10)
+    rng = np.random.default_rng(2)
+    added = []
+    for _ in range(3 * q8.COMPACT_AFTER + 5):
+        batch = rng.integers(0, 50, 20)  # a few hot sellers: many repeats
+        added.append(batch)
+        state.add_sellers(10, batch)
+    arrays = state.sellers[10]
+    compacted = [a for a in arrays if len(a) > 20]
+    assert len(compacted) == 3
+    for a in compacted:
+        assert len(np.unique(a)) == len(a)
+    assert set(np.concatenate(arrays).tolist()) == set(np.concatenate(added).tolist())
+    assert [a.tolist() for a in arrays[-5:]] == [a.tolist() for a in added[-5:]]
+
+
 # -- the oracle and the checks ----------------------------------------------------------------
 
 

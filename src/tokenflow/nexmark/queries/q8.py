@@ -160,11 +160,14 @@ class WindowState(ColumnarState):
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
-        ``COMPACT_AFTER`` arrays added to a window are merged into one.  No sellers: nothing."""
+        ``COMPACT_AFTER`` arrays added to a window are merged into one array of their distinct
+        sellers (the join needs no more; the generator's hot sellers make a window's auctions
+        about five per distinct seller, so this keeps the arrays that takes, snapshots and
+        ``close`` go over a few times shorter).  No sellers: nothing."""
         if len(sellers) == 0:
             return
         self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
-                   lambda loose: [np.concatenate(loose)])
+                   lambda loose: [np.unique(np.concatenate(loose))])
 
     def _hold(self, held: list[Any], key: tuple[int, int], item: Any,
               merge: Callable[[list[Any]], list[Any]]) -> None:
