@@ -299,8 +299,8 @@ class ChunkBins:
         tuple, which takes no weak reference) and ``keys(memo(chunk))`` its key column.
 
         One gather over all the held rows' bins and one ``logical_or.reduceat`` find the
-        chunks with rows to take, so the per-chunk work is for those only.  With ``merge`` (one chunk of
-        the rows of several, in their order), a run of consecutive chunks under
+        chunks with rows to take, so the per-chunk work is for those only.  With ``merge``
+        (one chunk of the rows of several, in their order), a run of consecutive chunks under
         ``MERGE_ROWS`` rows of which several have rows to take is merged first and cut once
         each way: a chunk of a few hundred keys holds a row of nearly every bin, so a take of
         even one bin touches all of them; what stays of the run is then one chunk (with its

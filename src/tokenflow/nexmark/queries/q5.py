@@ -167,8 +167,9 @@ class WindowCounts(ColumnarState):
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the partial counts of the auctions of ``member`` bins: one gather over the
         held rows' bins (hashed once per partial, ``ChunkBins.split``) finds the partials
-        with rows going; a window with several is concatenated into one partial first, which
-        is filtered each way; the taken partials are summed per window (as
+        with rows going, each filtered each way (consecutive small ones of a window, several
+        with rows going, are concatenated into one first: ``ChunkBins.split``); the taken
+        partials are summed per window (as
         ``rows()`` sums them); a window left without partials is forgotten (its token is
         released)."""
         if not self.partials:
@@ -239,7 +240,8 @@ def _cut(partial: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> tuple[np.n
 
 
 def _merge(partials: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """One partial of the rows of ``partials``, in their order (not summed)."""
+    """One partial of the rows of ``partials``, in their order (not summed: an auction may
+    repeat, as it may across partials)."""
     return np.concatenate([p[0] for p in partials]), np.concatenate([p[1] for p in partials])
 
 

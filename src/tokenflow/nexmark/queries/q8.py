@@ -236,9 +236,10 @@ class WindowState(ColumnarState):
         """Remove the persons and sellers of ``member`` bins.
 
         One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.split``)
-        finds the persons batches (seller arrays) with rows going; a window with several is
-        concatenated into one batch (array) first, and each is filtered each way, the kept
-        rows a chunk of their own with their bins remembered.  The taken
+        finds the persons batches (seller arrays) with rows going; each is filtered each way
+        (consecutive small ones of a window, several with rows going, are concatenated into
+        one first: ``ChunkBins.split``), the kept rows a chunk of their own with their bins
+        remembered.  The taken
         persons of a window come in batch order, its taken sellers distinct, as ``rows()``
         gives them.  A window left without persons (sellers) is forgotten there; one left
         with neither releases its token."""
