@@ -187,6 +187,36 @@ def test_a_take_merges_each_window_it_cuts_twice_and_the_next_take_hashes_nothin
     assert sum(hashed) <= rows, (kind, hashed, rows)
 
 
+def key_arrays(state: Any) -> list[np.ndarray]:
+    """The numpy key arrays held (q5: partials' auctions; q8: seller arrays)."""
+    if isinstance(state, q5.WindowCounts):
+        return [a for parts in state.partials.values() for a, _ in parts]
+    return [a for arrays in state.sellers.values() for a in arrays]
+
+
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_compacted_chunks_are_sorted_by_bin_and_a_take_of_bin_runs_slices_them(kind: str) -> None:
+    make, grow, finish = KINDS[kind]
+    state, twin = make(), make()
+    state.attach(64, 0)
+    twin.attach(64, 0)
+    for r in range(80):  # enough adds per window to compact
+        grow(state, np.random.default_rng(r))
+        grow(twin, np.random.default_rng(r))
+    compacted = [a for a in key_arrays(state)
+                 if len(a) > 1 and (np.diff(bins_of(column_hashes(pa.array(a)), 64)) >= 0).all()
+                 and len(a) > 80]
+    assert compacted  # compaction ordered the rows by bin
+    gone = list(range(16, 32)) + list(range(48, 56))  # two runs of bins, as a rebalance moves
+    assert sorted_tables(state.take(gone)) == sorted_tables(whole_state_take(twin, gone))
+    assert sorted_tables(state.export()) == sorted_tables(twin.export())
+    assert state.pending_times() == twin.pending_times()
+    # what stays of a compacted chunk is slices of it, not copies
+    kept = key_arrays(state)
+    assert any(np.shares_memory(k, c) for k in kept for c in compacted)
+    assert finish(state) == finish(twin)
+
+
 def test_chunk_bins_route_as_the_exchange_and_hash_a_chunk_once(hashed: list[int]) -> None:
     memo = ChunkBins()
     rng = np.random.default_rng(3)

@@ -104,6 +104,26 @@ def _merge_persons(batches: list[pa.RecordBatch]) -> pa.RecordBatch:
     return pa.concat_batches(batches)
 
 
+def _slice_rows(batch: pa.RecordBatch, lo: int, hi: int) -> pa.RecordBatch:
+    """Rows ``[lo, hi)`` of a persons batch (zero-copy)."""
+    return batch.slice(lo, hi - lo)
+
+
+def _take_rows(batch: pa.RecordBatch, order: np.ndarray) -> pa.RecordBatch:
+    """A persons batch's rows in ``order``."""
+    return batch.take(pa.array(order))
+
+
+def _slice_ids(sellers: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Sellers ``[lo, hi)`` (a view)."""
+    return sellers[lo:hi]
+
+
+def _take_ids(sellers: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Sellers in ``order``."""
+    return sellers[order]
+
+
 def _mask(sellers: np.ndarray, mask: np.ndarray) -> np.ndarray:
     """The sellers where ``mask`` is set."""
     return sellers[mask]
@@ -150,24 +170,36 @@ class WindowState(ColumnarState):
 
     def add_persons(self, end: int, rows: pa.RecordBatch) -> None:
         """Hold persons ``rows`` (``PERSON_SCHEMA``) of the window ending at ``end``.  Every
-        ``COMPACT_AFTER`` batches added to a window are merged into one (a copy of their rows):
-        a window's persons stay in a few hundred batches, not one per 1 ms message, so a
-        take or a close handles few batches.  No rows: nothing (a window holds rows)."""
+        ``COMPACT_AFTER`` batches added to a window are merged into one (a copy of their rows,
+        ordered by the bins of their ids when the state has bins, rows of a bin in the order
+        they came): a window's persons stay in a few hundred batches, not one per 1 ms
+        message, so a take or a close handles few batches, and a migration takes a run of
+        bins out of a merged batch as slices.  No rows: nothing (a window holds rows)."""
         if rows.num_rows == 0:
             return
-        self._hold(self.persons.setdefault(end, []), (0, end), rows, lambda loose: pa.Table
-                   .from_batches(loose, schema=PERSON_SCHEMA).combine_chunks().to_batches())
+        self._hold(self.persons.setdefault(end, []), (0, end), rows,
+                   lambda loose: [self._by_bin(pa.concat_batches(loose), _ids, _take_rows)])
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
         ``COMPACT_AFTER`` arrays added to a window are merged into one array of their distinct
         sellers (the join needs no more; the generator's hot sellers make a window's auctions
         about five per distinct seller, so this keeps the arrays that takes, snapshots and
-        ``close`` go over a few times shorter).  No sellers: nothing."""
+        ``close`` go over a few times shorter), ordered by bin as ``add_persons`` orders
+        persons.  No sellers: nothing."""
         if len(sellers) == 0:
             return
         self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
-                   lambda loose: [np.unique(np.concatenate(loose))])
+                   lambda loose: [self._by_bin(np.unique(np.concatenate(loose)), _itself,
+                                               _take_ids)])
+
+    def _by_bin(self, chunk: Any, keys: Callable[[Any], Any],
+                reorder: Callable[[Any, np.ndarray], Any]) -> Any:
+        """A compacted chunk in the order of its keys' bins (when the state has bins), so that
+        a migration takes its rows as slices (``ChunkBins.split``)."""
+        if not self.bins:
+            return chunk
+        return self._bins.sort_by_bin(chunk, _itself, keys, self.bins, reorder)
 
     def _hold(self, held: list[Any], key: tuple[int, int], item: Any,
               merge: Callable[[list[Any]], list[Any]]) -> None:
@@ -246,7 +278,7 @@ class WindowState(ColumnarState):
         self._loose = {}  # batches added before stay as they are
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
         taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter,
-                                           _merge_persons)
+                                           _merge_persons, _slice_rows)
         self.persons = kept
         person_parts = [b for batches in taken.values() for b in batches]
         person_ends = [np.full(b.num_rows, end, dtype=np.int64)
@@ -259,7 +291,7 @@ class WindowState(ColumnarState):
             persons = PERSON_ROWS.empty_table()
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
         gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask,
-                                         np.concatenate)
+                                         np.concatenate, _slice_ids)
         self.sellers = left
         seller_parts = [(end, np.unique(np.concatenate(arrays))) for end, arrays in gone.items()]
         if seller_parts:
