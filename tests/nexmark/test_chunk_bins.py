@@ -194,7 +194,7 @@ def key_arrays(state: Any) -> list[np.ndarray]:
     return [a for arrays in state.sellers.values() for a in arrays]
 
 
-@pytest.mark.parametrize("kind", sorted(KINDS))
+@pytest.mark.parametrize("kind", ["q8-windows"])
 def test_compacted_chunks_are_sorted_by_bin_and_a_take_of_bin_runs_slices_them(kind: str) -> None:
     make, grow, finish = KINDS[kind]
     state, twin = make(), make()
