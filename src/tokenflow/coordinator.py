@@ -339,20 +339,20 @@ class _Throttled:
 
     def note(self, detail: str) -> None:
         with self._lock:
-            self.total += 1
             self._latest = detail
             if time.monotonic() - self._last < self.interval:
                 self._held += 1
-                return
-            self._emit()
+            else:
+                self._emit(self.total + 1)
+            self.total += 1  # after the line: whoever sees the count sees the line logged
 
     def flush(self) -> None:
         with self._lock:
             if self._held and time.monotonic() - self._last >= self.interval:
-                self._emit()
+                self._emit(self.total)
 
-    def _emit(self) -> None:
-        more = f" (and {self._held} more in the last {self.interval:.0f} s; {self.total} in all)" \
+    def _emit(self, total: int) -> None:
+        more = f" (and {self._held} more in the last {self.interval:.0f} s; {total} in all)" \
             if self._held else ""
         log.warning("coordinator %s %s%s", self.what, self._latest, more)
         self._held = 0
