@@ -319,7 +319,7 @@ class ChunkBins:
         bins ascend (``sort_by_bin``) gives up and keeps its rows as slices when ``member``
         holds at most ``SLICE_RUNS`` runs of bins (``RoutingTable.rebalanced`` moves two or
         three): no pass over its rows."""
-        runs: tuple[list[int], list[int]] | None = None
+        runs: tuple[np.ndarray, np.ndarray] | None = None
         if piece is not None:
             edges = np.flatnonzero(np.diff(np.r_[0, member.astype(np.int8), 0]))
             if len(edges) <= 2 * SLICE_RUNS:
@@ -366,12 +366,12 @@ class ChunkBins:
                 kept[group] = staying
         return taken, kept
 
-    def _slice(self, chunk: Any, bins: np.ndarray, runs: tuple[Any, Any],
+    def _slice(self, chunk: Any, bins: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
                memo: Callable[[Any], Any], piece: Callable[[Any, int, int], Any], size: int,
                taken: list[Any], staying: list[Any]) -> None:
-        """Split a chunk with ascending ``bins`` by bin ``runs`` (``[lo, hi)`` starts and
-        stops): the rows of each run go to ``taken``, the ones between to ``staying`` (with
-        their bins remembered), all as ``piece`` slices, in row order."""
+        """Split a chunk with ascending ``bins``, some of them in bin ``runs`` (``[lo, hi)``
+        starts and stops): the rows of each run go to ``taken``, the ones between to
+        ``staying`` (with their bins remembered), all as ``piece`` slices, in row order."""
         n = len(bins)
         starts = np.searchsorted(bins, runs[0], "left").tolist()
         stops = np.searchsorted(bins, runs[1], "left").tolist()
@@ -384,11 +384,9 @@ class ChunkBins:
                 self.put(memo(staying[-1]), bins[at:lo], size, True)
             taken.append(chunk if lo == 0 and hi == n else piece(chunk, lo, hi))
             at = hi
-        if 0 < at < n:
+        if at < n:
             staying.append(piece(chunk, at, n))
             self.put(memo(staying[-1]), bins[at:n], size, True)
-        elif at == 0:  # not touched after all
-            staying.append(chunk)
 
     @staticmethod
     def _runs(found: Sequence[np.ndarray | None], touched: set[int], sliced: set[int],
@@ -595,11 +593,10 @@ class ColumnarState(BinnedState):
             return
         # each exported table holds its parts in runs (part 0's rows, then part 1's): slice
         # the runs, where a filter per part copied every row (7 of 11 ms of a q8 load)
-        tags = int_column(table, PART)
-        starts = np.flatnonzero(np.r_[True, tags[1:] != tags[:-1]]).tolist()
+        tags, starts, stops = group_slices(int_column(table, PART))
         runs: dict[int, list[pa.Table]] = {}
-        for lo, hi in zip(starts, [*starts[1:], len(tags)], strict=True):
-            runs.setdefault(int(tags[lo]), []).append(table.slice(lo, hi - lo))
+        for tag, lo, hi in zip(tags.tolist(), starts.tolist(), stops.tolist(), strict=True):
+            runs.setdefault(tag, []).append(table.slice(lo, hi - lo))
         for i, columns in enumerate(self.PARTS):
             if i in runs:
                 mine = runs[i][0] if len(runs[i]) == 1 else pa.concat_tables(runs[i])

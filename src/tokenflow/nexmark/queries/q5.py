@@ -89,8 +89,8 @@ WHERE `count` = max_count
 COMPACT_AFTER = 64
 """Partial count arrays a window accumulates before they are summed into one.  The sum is not
 ordered by bin (as q8's compacted chunks are, for migrations to take them as slices): it spans
-the whole window (170-200K rows at half load), and ordering it added 4-8 ms to a compaction of
-11-22 ms, for takes 10-30 % faster."""
+the whole window, and ordering it cost more than it saved (alone on one core, windows of
+170-200K rows: 2-9 ms added to compactions of 5-22 ms, for takes 20-30 % faster)."""
 
 
 COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
@@ -172,9 +172,8 @@ class WindowCounts(ColumnarState):
         held rows' bins (hashed once per partial, ``ChunkBins.split``) finds the partials
         with rows going, each filtered each way (consecutive small ones of a window, several
         with rows going, are concatenated into one first: ``ChunkBins.split``); the taken
-        partials are summed per window (as
-        ``rows()`` sums them); a window left without partials is forgotten (its token is
-        released)."""
+        partials are summed per window (as ``rows()`` sums them); a window left without
+        partials is forgotten (its token is released)."""
         if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
         taken, left = self._bins.split(self.partials, _first, _itself, member, _cut,

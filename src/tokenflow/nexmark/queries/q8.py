@@ -178,7 +178,7 @@ class WindowState(ColumnarState):
         if rows.num_rows == 0:
             return
         self._hold(self.persons.setdefault(end, []), (0, end), rows,
-                   lambda loose: [self._by_bin(pa.concat_batches(loose), _ids, _take_rows)])
+                   lambda loose: [self._by_bin(_merge_persons(loose), _ids, _take_rows)])
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
@@ -270,11 +270,12 @@ class WindowState(ColumnarState):
         One gather over the held rows' bins (hashed once per chunk, ``ChunkBins.split``)
         finds the persons batches (seller arrays) with rows going; each is filtered each way
         (consecutive small ones of a window, several with rows going, are concatenated into
-        one first: ``ChunkBins.split``), the kept rows a chunk of their own with their bins
-        remembered.  The taken
-        persons of a window come in batch order, its taken sellers distinct, as ``rows()``
-        gives them.  A window left without persons (sellers) is forgotten there; one left
-        with neither releases its token."""
+        one first; a compacted one, ordered by bin, is sliced when the bins taken are a few
+        runs: ``ChunkBins.split``), the kept rows a chunk of their own with their bins
+        remembered.  The taken persons of a window
+        come in batch order, its taken sellers distinct, as ``rows()`` gives them.  A window
+        left without persons (sellers) is forgotten there; one left with neither releases its
+        token."""
         self._loose = {}  # batches added before stay as they are
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
         taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter,
