@@ -23,7 +23,7 @@ from __future__ import annotations
 import heapq
 import time
 import weakref
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -327,21 +327,32 @@ class ChunkBins:
         chunks = [c for cs in groups.values() for c in cs]
         objects = [memo(c) for c in chunks]
         found = self.lookup(objects, keys, len(member))
-        hit = member[np.concatenate([np.zeros(0, np.uint16), *found])]  # type: ignore[list-item]
-        offsets = np.cumsum([0, *(len(f) for f in found)])  # type: ignore[arg-type]
+        # a chunk whose bins ascend is cut into slices (never merged): its rows in the runs
+        # are found by binary searches, the others' by one gather over their rows' bins
+        cuts: dict[int, tuple[list[int], list[int]]] = {}
+        if runs is not None:
+            for i, obj in enumerate(objects):
+                if self.ascending(obj):
+                    f: np.ndarray = found[i]  # type: ignore[assignment]
+                    cuts[i] = (np.searchsorted(f, runs[0].astype(f.dtype)).tolist(),
+                               np.searchsorted(f, runs[1].astype(f.dtype)).tolist())
+        gathered = [np.zeros(0, np.uint16) if i in cuts else f for i, f in enumerate(found)]
+        hit = member[np.concatenate([np.zeros(0, np.uint16), *gathered])]  # type: ignore[list-item]
+        offsets = np.cumsum([0, *(len(f) for f in gathered)])  # type: ignore[arg-type]
         sizes = np.diff(offsets)
         starts = offsets[:-1][sizes > 0]  # reduceat needs non-empty segments
         any_hit = np.logical_or.reduceat(hit, starts) if len(starts) else hit[:0]
         touched = set(np.flatnonzero(sizes > 0)[any_hit].tolist())
-        sliced = set() if runs is None else \
-            {i for i in touched if self.ascending(objects[i])}  # cut into slices, never merged
+        sliced = {i for i, (lo, hi) in cuts.items()
+                  if any(b > a for a, b in zip(lo, hi, strict=True))}
+        touched |= sliced
         taken: dict[Any, list[Any]] = {}
         kept: dict[Any, list[Any]] = {}
         at = 0
         for group, members in groups.items():
             staying: list[Any] = []
             first, at = at, at + len(members)
-            for lo, hi in self._runs(found, touched, sliced, first, at, merge is not None):
+            for lo, hi in self._runs(found, touched, cuts.keys(), first, at, merge is not None):
                 if hi - lo > 1:  # consecutive small chunks, several cut: one copy, one cut
                     chunk = merge(list(members[lo - first:hi - first]))  # type: ignore[misc]
                     seg = hit[offsets[lo]:offsets[hi]]
@@ -349,7 +360,7 @@ class ChunkBins:
                 elif lo in touched:
                     chunk = members[lo - first]
                     if lo in sliced:
-                        self._slice(chunk, found[lo], runs, memo, piece, len(member),  # type: ignore[arg-type]
+                        self._slice(chunk, found[lo], cuts[lo], memo, piece, len(member),  # type: ignore[arg-type]
                                     taken.setdefault(group, []), staying)
                         continue
                     seg = hit[offsets[lo]:offsets[hi]]
@@ -358,6 +369,7 @@ class ChunkBins:
                     staying.append(members[lo - first])
                     continue
                 taken.setdefault(group, []).append(cut(chunk, seg))
+                self.put(memo(taken[group][-1]), bins[seg], len(member))
                 if not seg.all():
                     stay = ~seg
                     staying.append(cut(chunk, stay))
@@ -366,15 +378,15 @@ class ChunkBins:
                 kept[group] = staying
         return taken, kept
 
-    def _slice(self, chunk: Any, bins: np.ndarray, runs: tuple[np.ndarray, np.ndarray],
+    def _slice(self, chunk: Any, bins: np.ndarray, rows: tuple[list[int], list[int]],
                memo: Callable[[Any], Any], piece: Callable[[Any, int, int], Any], size: int,
                taken: list[Any], staying: list[Any]) -> None:
-        """Split a chunk with ascending ``bins``, some of them in bin ``runs`` (``[lo, hi)``
-        starts and stops): the rows of each run go to ``taken``, the ones between to
-        ``staying`` (with their bins remembered), all as ``piece`` slices, in row order."""
+        """Split a chunk with ascending ``bins`` by the rows ``[start, stop)`` of each run of
+        bins taken (``rows``: the starts and the stops): the rows of each run go to ``taken``,
+        the ones between to ``staying``, all as ``piece`` slices (their bins remembered), in
+        row order."""
         n = len(bins)
-        starts = np.searchsorted(bins, runs[0], "left").tolist()
-        stops = np.searchsorted(bins, runs[1], "left").tolist()
+        starts, stops = rows
         at = 0
         for lo, hi in zip(starts, stops, strict=True):
             if hi <= lo:
@@ -383,18 +395,19 @@ class ChunkBins:
                 staying.append(piece(chunk, at, lo))
                 self.put(memo(staying[-1]), bins[at:lo], size, True)
             taken.append(chunk if lo == 0 and hi == n else piece(chunk, lo, hi))
+            self.put(memo(taken[-1]), bins[lo:hi], size, True)
             at = hi
         if at < n:
             staying.append(piece(chunk, at, n))
             self.put(memo(staying[-1]), bins[at:n], size, True)
 
     @staticmethod
-    def _runs(found: Sequence[np.ndarray | None], touched: set[int], sliced: set[int],
+    def _runs(found: Sequence[np.ndarray | None], touched: set[int], sliced: Collection[int],
               first: int, end: int, merging: bool) -> list[tuple[int, int]]:
         """The chunks ``[first, end)`` of one group as ranges ``[lo, hi)``: a range of several
-        is a run of consecutive chunks under ``MERGE_ROWS`` rows, none of them ``sliced``, of
-        which more than one has rows to take (merged, then cut once each way); every other
-        chunk is a range of its own."""
+        is a run of consecutive chunks under ``MERGE_ROWS`` rows, none of them ``sliced`` (cut
+        by binary searches, if at all), of which more than one has rows to take (merged, then
+        cut once each way); every other chunk is a range of its own."""
         ranges: list[tuple[int, int]] = []
         lo = first
         for i in range(first, end + 1):
@@ -456,10 +469,14 @@ class Taken(NamedTuple):
     rows: pa.Table
     """The taken rows: the columns ``rows()`` gives the part, in the order it gives them."""
     hashes: np.ndarray | None
-    """Their key hashes (uint64, one per row), or None for worker-local rows."""
+    """Their key hashes (uint64, one per row), or None for worker-local rows (or when
+    ``bins`` is given)."""
     held: bool
     """The part held rows before the take (``export`` then concatenates it, even when none of
     its rows were taken: its columns are in every exported table)."""
+    bins: np.ndarray | None = None
+    """The bin of each row among the state's ``bins`` (one per row, any integer dtype) when
+    the state knows them (``ChunkBins``): the take then does not hash the rows again."""
 
 
 class ColumnarState(BinnedState):
@@ -544,40 +561,44 @@ class ColumnarState(BinnedState):
                home: int) -> dict[int, pa.Table]:
         """The rows of ``parts`` per bin of ``size`` bins, worker-local rows under ``home``,
         as ``export`` returns them (parts not ``held`` are left out of the concatenation)."""
-        table, hashes = self._assembled(parts)
+        table, row_bins = self._assembled(parts, size)
         if table is None:
             return {}
-        if hashes is None:
+        if row_bins is None:
             if bins is not None and home not in set(bins):
                 return {}
             return {home: table}
         # one chunk per column: a take from many chunks (parts, windows) costs per chunk
-        return split_by_bin(table.combine_chunks(), bins_of(hashes, size), bins)
+        return split_by_bin(table.combine_chunks(), row_bins, bins)
 
-    def _assembled(self, parts: Sequence[Taken]) -> tuple[pa.Table | None, np.ndarray | None]:
+    def _assembled(self, parts: Sequence[Taken], size: int,
+                   ) -> tuple[pa.Table | None, np.ndarray | None]:
         """The rows of the ``held`` parts as one table (a ``PART`` column when there are
-        several) and their key hashes (None: worker-local rows); (None, None) when no row."""
+        several) and each row's bin among ``size`` bins (from the parts' ``bins``, else their
+        hashes; None: worker-local rows); (None, None) when no row."""
         tables: list[pa.Table] = []
-        hashes: list[np.ndarray] = []
+        row_bins: list[np.ndarray] = []
         local = False
         tagged = len(parts) > 1
-        for i, (table, h, held) in enumerate(parts):
+        for i, (table, h, held, known) in enumerate(parts):
             if not held:
                 continue
             if tagged:
                 table = table.append_column(PART, pa.array(np.full(table.num_rows, i, np.int8)))
             tables.append(table)
-            if h is None:
+            if known is not None:
+                row_bins.append(known)
+            elif h is None:
                 local = True
             else:
-                hashes.append(h)
+                row_bins.append(bins_of(h, size))
         if not tables:
             return None, None
         table = tables[0] if len(tables) == 1 else \
             pa.concat_tables(tables, promote_options="default")
         if table.num_rows == 0:
             return None, None
-        return table, None if local else np.concatenate(hashes)
+        return table, None if local else np.concatenate(row_bins)
 
     def load(self, parts: Mapping[int, pa.Table]) -> None:
         tables = [parts[b] for b in sorted(parts) if parts[b].num_rows]
@@ -621,15 +642,16 @@ class ColumnarState(BinnedState):
         member = owner >= 0
         if not member.any():
             return {}
-        table, hashes = self._assembled(self.take_rows(member))
+        table, row_bins = self._assembled(self.take_rows(member), size)
         if table is None:
             return {}
-        if hashes is None:  # worker-local rows: whole, to the home bin's new owner
+        if row_bins is None:  # worker-local rows: whole, to the home bin's new owner
             return {int(owner[self.home_bin]): table}
-        dest = owner[bins_of(hashes, size)]
-        workers = np.unique(dest)
+        workers = np.unique(owner[member])  # per bin first: one new owner needs no pass
         if len(workers) == 1:
             return {int(workers[0]): table}
+        dest = owner[row_bins]
+        workers = np.unique(dest)
         return {int(w): table.filter(pa.array(dest == w)) for w in workers.tolist()}
 
     def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:

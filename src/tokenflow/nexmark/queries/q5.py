@@ -18,10 +18,10 @@ Dataflow:
    at the least time received (a combiner: one exchanged batch per invocation).
 1. ``Q5Count`` (partial counts exchanged by ``auction``): the partial counts are appended to
    their windows (``WindowCounts``); each open window holds one token at its end.  When the
-   frontier reaches a window's end its partials are summed per auction (``np.unique`` +
-   ``np.add.at``), and the auctions with this worker's maximum count — the
-   only possible global winners, as all bids of an auction meet on one worker — are sent at
-   time ``window_end`` and the token dropped.
+   frontier reaches a window's end its partials are summed per auction (merged into the
+   window's running sums, ``WindowCounts.summed``), and the auctions with this worker's
+   maximum count — the only possible global winners, as all bids of an auction meet on one
+   worker — are sent at time ``window_end`` and the token dropped.
 2. ``Q5GlobalMax`` (exchange by ``window_start``): the worker owning a window keeps the
    candidates with the largest count and sends them once its frontier has passed
    ``window_end`` (``_windows.window_max``).
@@ -87,28 +87,38 @@ WHERE `count` = max_count
 """Spark SQL over the temp view ``bid``: the same rows as the dataflow (as a multiset)."""
 
 COMPACT_AFTER = 64
-"""Partial count arrays a window accumulates before they are summed into one.  The sum is not
-ordered by bin (as q8's compacted chunks are, for migrations to take them as slices): it spans
-the whole window, and ordering it cost more than it saved (alone on one core, windows of
-170-200K rows: 2-9 ms added to compactions of 5-22 ms, for takes 20-30 % faster)."""
+"""Partial count arrays a window accumulates before they are summed into its sums
+(``WindowCounts.summed``)."""
+
+KEY_BITS = 48
+"""Auction ids in ``[0, 2**KEY_BITS)`` are ordered with their bin by one int64 sort key,
+``bin << KEY_BITS | auction`` (bins are below ``2**15``); other ids take a slower lexsort."""
 
 
 COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
                            ("count", pa.int64())])
 """``WindowCounts`` as exported rows: a partial count of ``auction``'s bids in the window
-ending at ``window_end`` (ms)."""
+ending at ``window_end`` (ms); an auction may have several rows in a window (its count is
+their sum)."""
+
+
+Partial = tuple[np.ndarray, np.ndarray]
+"""Partial counts: ``(auctions, counts)``, int64 arrays of equal length."""
 
 
 class WindowCounts(ColumnarState):
     """Partial bid counts per ``(window, auction)`` for the open windows of one worker.
 
-    State (plain, snapshot-able): ``partials: dict[window_end_ms, list[(auctions, counts)]]``,
-    int64 numpy arrays of equal length (an auction may repeat across partials).  Tokens are not
-    state: the operator holds one per key of ``partials`` (``pending_times``).
+    State (plain, snapshot-able): ``partials: dict[window_end_ms, list[Partial]]`` (an auction
+    may repeat across partials).  Tokens are not state: the operator holds one per key of
+    ``partials`` (``pending_times``).  A window's first partial is usually its sums
+    (``summed``): distinct auctions ordered by (bin, auction), into which the partials that
+    arrive are merged every ``COMPACT_AFTER``; a migration's take cuts such sums into
+    zero-copy slices.
 
-    As a ``BinnedState`` (``ColumnarState``): the partials (``COUNTS_SCHEMA``, summed per
-    window and auction) keyed by ``auction``.  The window size and slide are the operator's
-    parameters, not exported.
+    As a ``BinnedState`` (``ColumnarState``): the partials (``COUNTS_SCHEMA``, as held: not
+    summed, so an export or a take copies rows and sorts none) keyed by ``auction``.  The
+    window size and slide are the operator's parameters, not exported.
 
     Raises:
         ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
@@ -119,7 +129,7 @@ class WindowCounts(ColumnarState):
             raise ValueError(f"need 0 < slide dividing size, got size={size}, slide={slide}")
         self.size = size
         self.slide = slide
-        self.partials: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {}
+        self.partials: dict[int, list[Partial]] = {}
         self._bins = ChunkBins()  # bins of the partials' auctions, hashed once across takes
 
     def add(self, start: np.ndarray, auction: np.ndarray, count: np.ndarray) -> None:
@@ -134,16 +144,66 @@ class WindowCounts(ColumnarState):
             parts = self.partials.setdefault(s + self.size, [])
             parts.append((auction[a:b], count[a:b]))
             if len(parts) > COMPACT_AFTER:
-                self.partials[s + self.size] = [_sum_counts(parts)]
+                self.partials[s + self.size] = [self.summed(parts)[0]]
+
+    def summed(self, parts: list[Partial]) -> tuple[Partial, np.ndarray]:
+        """``parts`` summed per auction, ordered by (bin, auction), and the bin of each of
+        its rows (uint16; remembered, so a take cuts the sums into slices).
+
+        The leading parts that are such sums already (a previous result, or the slices of it
+        a take kept: bins ascending, sort keys rising strictly across them) are kept as they
+        are; only the parts after them are sorted (one int64 key per row, ``KEY_BITS``),
+        then merged with them by a stable argsort, which finds the two sorted runs and merges
+        them in one linear pass; equal keys are summed.  A compaction thus sorts what arrived
+        since the last one, not the whole window again."""
+        size = self.bins or 1
+        found = self._bins.lookup([p[0] for p in parts], _itself, size)
+        base_keys: list[np.ndarray] = []
+        last = -1
+        for part, bins in zip(parts, found, strict=True):
+            if not self._bins.ascending(part[0]):
+                break
+            key = _sort_key(bins, part[0])  # type: ignore[arg-type]
+            if key is None or (len(key) and (key[0] <= last or bool((key[1:] <= key[:-1]).any()))):
+                break
+            last = int(key[-1]) if len(key) else last
+            base_keys.append(key)
+        k = len(base_keys)
+        if k == 1 and len(parts) == 1:
+            return parts[0], found[0]  # type: ignore[return-value]
+        auctions = np.concatenate([np.zeros(0, np.int64), *(p[0] for p in parts)])
+        counts = np.concatenate([np.zeros(0, np.int64), *(p[1] for p in parts)])
+        bins = np.concatenate([np.zeros(0, np.uint16), *found])  # type: ignore[arg-type]
+        based = sum(len(b) for b in base_keys)
+        key = _sort_key(bins[based:], auctions[based:])
+        if key is None:  # ids outside the sort key's range: every part sorted again
+            order = np.lexsort((auctions, bins))
+            ordered = auctions[order]
+            first = np.flatnonzero(np.r_[True, ordered[1:] != ordered[:-1]])
+        else:
+            # the parts after the base sorted, then merged with it: timsort (a stable
+            # argsort) finds the two sorted runs and merges them in one linear pass
+            rest = np.argsort(key)
+            order = np.argsort(np.concatenate([*base_keys, key[rest]]), kind="stable")
+            order = np.concatenate([np.arange(based), based + rest])[order]
+            key = np.concatenate([*base_keys, key])[order]
+            first = np.flatnonzero(np.r_[True, key[1:] != key[:-1]])
+        one = order[first]  # a row of each auction
+        out = (auctions[one], np.add.reduceat(counts[order], first) if len(first) else counts)
+        out_bins = bins[one]
+        self._bins.put(out[0], out_bins, size, True)
+        return out, out_bins
 
     def retire(self, bound: int | None) -> list[pa.RecordBatch]:
         """Remove the windows the bid frontier ``bound`` has reached (``end <= bound``; all when
-        None) and return, per window by end, its auctions with the maximum count (``SCHEMA``)."""
+        None) and return, per window by end, its auctions with the maximum count (``SCHEMA``,
+        in auction order)."""
         out = []
         for end in sorted(e for e in self.partials if passed(bound, e, inclusive=False)):
-            auctions, counts = _sum_counts(self.partials.pop(end))
-            best = counts == counts.max()
-            n = int(best.sum())
+            (auctions, counts), _ = self.summed(self.partials.pop(end))
+            best = np.flatnonzero(counts == counts.max())
+            best = best[np.argsort(auctions[best])]
+            n = len(best)
             out.append(pa.RecordBatch.from_arrays(
                 [pa.array(np.full(n, end - self.size, dtype=np.int64)),
                  pa.array(np.full(n, end, dtype=np.int64)),
@@ -154,42 +214,44 @@ class WindowCounts(ColumnarState):
         """Window ends that need a token."""
         return sorted(self.partials)
 
-    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+    def _table(self, windows: dict[int, list[Partial]]) -> tuple[pa.Table, np.ndarray]:
+        """``COUNTS_SCHEMA`` rows of every partial of ``windows`` (window by window, in
+        partial order; not summed) and their bins (remembered ones, else hashed)."""
         ends, auctions, counts = [], [], []
-        for end, parts in self.partials.items():
-            a, c = _sum_counts(parts)
-            ends.append(np.full(len(a), end, dtype=np.int64))
-            auctions.append(a)
-            counts.append(c)
-        if not ends:
-            return [(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64))]
+        for end, parts in windows.items():
+            for a, c in parts:
+                ends.append(np.full(len(a), end, dtype=np.int64))
+                auctions.append(a)
+                counts.append(c)
+        found = self._bins.lookup(auctions, _itself, self.bins or 1)
         table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
                          schema=COUNTS_SCHEMA)
+        return table, np.concatenate(found)  # type: ignore[arg-type]
+
+    def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
+        """Every partial held, as ``COUNTS_SCHEMA`` rows (not summed: an auction may repeat in a
+        window, as it may in the state; ``add_rows`` takes them as partials)."""
+        if not self.partials:
+            return [(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64))]
+        table, _ = self._table(self.partials)
         return [(table, key_hashes(table, "auction"))]
 
     def take_rows(self, member: np.ndarray) -> list[Taken]:
-        """Remove the partial counts of the auctions of ``member`` bins: one gather over the
-        held rows' bins (hashed once per partial, ``ChunkBins.split``) finds the partials
-        with rows going, each filtered each way (consecutive small ones of a window, several
-        with rows going, are concatenated into one first: ``ChunkBins.split``); the taken
-        partials are summed per window (as ``rows()`` sums them); a window left without
-        partials is forgotten (its token is released)."""
+        """Remove the partial counts of the auctions of ``member`` bins (``ChunkBins.split``:
+        one gather over the held rows' bins finds the partials with rows going; a window's
+        sums give up runs of bins as slices; other partials are filtered each way, consecutive
+        small ones first concatenated into one): the rows ``rows()`` gives those bins, in its
+        order, their bins known (not hashed again); a window left without partials is
+        forgotten (its token is released)."""
         if not self.partials:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), False)]
         taken, left = self._bins.split(self.partials, _first, _itself, member, _cut,
-                                           _merge)
+                                       _merge, _piece)
         self.partials = left
         if not taken:
             return [Taken(COUNTS_SCHEMA.empty_table(), np.zeros(0, dtype=np.uint64), True)]
-        ends, auctions, counts = [], [], []
-        for end, parts in taken.items():
-            a, c = _sum_counts(parts)
-            ends.append(np.full(len(a), end, dtype=np.int64))
-            auctions.append(a)
-            counts.append(c)
-        table = pa.table([np.concatenate(ends), np.concatenate(auctions), np.concatenate(counts)],
-                         schema=COUNTS_SCHEMA)
-        return [Taken(table, key_hashes(table, "auction"), True)]
+        table, bins = self._table(taken)
+        return [Taken(table, None, True, bins)]
 
     def _keys(self) -> list[np.ndarray]:
         """Every held partial's auctions, window by window, in order."""
@@ -198,8 +260,7 @@ class WindowCounts(ColumnarState):
     def prepare_take(self, deadline: float) -> bool:
         """Hash the held auctions a take would hash (``ChunkBins.warm``) until ``deadline``
         (``time.perf_counter()`` seconds); True when all are.  Partials are not merged here:
-        new ones keep coming while a step waits, and summing a window again every few adds
-        (a sort of its rows) cost more than the take saved."""
+        new ones keep coming while a step waits."""
         return self._bins.warm(self._keys(), _itself, self.bins or 1, deadline)
 
     def add_rows(self, part: int, table: pa.Table) -> None:
@@ -213,7 +274,7 @@ class WindowCounts(ColumnarState):
         """``{"size", "slide", "windows": {end: pa.Table(auction, count)}}`` (summed)."""
         windows = {}
         for end, parts in self.partials.items():
-            auctions, counts = _sum_counts(parts)
+            (auctions, counts), _ = self.summed(parts)
             windows[end] = pa.table({"auction": auctions, "count": counts})
         return {"size": self.size, "slide": self.slide, "windows": windows}
 
@@ -226,7 +287,15 @@ class WindowCounts(ColumnarState):
             for end, t in snapshot["windows"].items()}
 
 
-def _first(partial: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
+def _sort_key(bins: np.ndarray, auctions: np.ndarray) -> np.ndarray | None:
+    """One int64 per row ordering rows by (bin, auction): ``bin << KEY_BITS | auction``; None
+    when an auction id is outside ``[0, 2**KEY_BITS)``."""
+    if len(auctions) and (auctions.min() < 0 or auctions.max() >= 1 << KEY_BITS):
+        return None
+    return (bins.astype(np.int64) << KEY_BITS) | auctions
+
+
+def _first(partial: Partial) -> np.ndarray:
     """A partial's auctions: what its bins are remembered by, and its key column."""
     return partial[0]
 
@@ -236,12 +305,17 @@ def _itself(auctions: np.ndarray) -> np.ndarray:
     return auctions
 
 
-def _cut(partial: tuple[np.ndarray, np.ndarray], mask: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _cut(partial: Partial, mask: np.ndarray) -> Partial:
     """The rows of a partial where ``mask`` is set."""
     return partial[0][mask], partial[1][mask]
 
 
-def _merge(partials: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+def _piece(partial: Partial, lo: int, hi: int) -> Partial:
+    """The rows ``[lo, hi)`` of a partial (views, no copy)."""
+    return partial[0][lo:hi], partial[1][lo:hi]
+
+
+def _merge(partials: list[Partial]) -> Partial:
     """One partial of the rows of ``partials``, in their order (not summed: an auction may
     repeat, as it may across partials)."""
     return np.concatenate([p[0] for p in partials]), np.concatenate([p[1] for p in partials])
@@ -295,16 +369,6 @@ def pre_count(bids: Stream, name: str = "Q5PreCount") -> Stream:
         return logic
 
     return unary(bids, "pipeline", name, constructor)
-
-
-def _sum_counts(parts: list[tuple[np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
-    """Sum partial counts per auction: ``(unique auctions, total counts)``."""
-    auctions = np.concatenate([p[0] for p in parts])
-    counts = np.concatenate([p[1] for p in parts])
-    unique, inverse = np.unique(auctions, return_inverse=True)
-    totals = np.zeros(len(unique), dtype=np.int64)
-    np.add.at(totals, inverse, counts)
-    return unique, totals
 
 
 def count_candidates(partials: Stream, name: str = "Q5Count",
