@@ -214,8 +214,8 @@ def test_moves_on_spark(spark: Any) -> None:
 
 
 def test_spread_steps_are_one_data_time_step_apart_not_the_first_jump() -> None:
-    """With ``spread``, a change's steps are one data time step apart: the least move of the
-    data frontier after its first, which leaves the initial time for the data's first epoch
+    """With ``spread``, a change's steps are one data time step apart (``data_step`` of the
+    moves of the data frontier after its first, which leaves the initial time for the data's first epoch
     (a restored NEXMark job's frontier jumps 0 -> 1.4e12 ms; taken as a step, a change's
     steps landed after the end of the data).  Before any real step is seen: consecutive."""
     from tokenflow.rescale.megaphone import control_stream
@@ -251,6 +251,27 @@ def test_spread_steps_are_one_data_time_step_apart_not_the_first_jump() -> None:
     assert len(first) > 1 and len(second) > 1
     assert first[0] == start + 1 and np.diff(first).tolist() == [1] * (len(first) - 1)
     assert second[0] > first[-1] and np.diff(second).tolist() == [500] * (len(second) - 1)
+
+
+def test_the_data_step_is_an_epoch_not_a_crawl_within_one_nor_a_catch_up() -> None:
+    """A frontier that crawls within its epochs (q4's ``Q4Average``, fed by tokens at
+    auctions' expiry times: most moves 1 ms, the others 95-100 ms) and now and then catches up
+    by seconds: its data step is the epoch, so a fluid change puts one step in each epoch
+    rather than all of them in one; integer epochs give 1, no moves 1."""
+    from tokenflow.rescale.megaphone import STEP_MOVES, data_step
+
+    rng = np.random.default_rng(4)
+    for _ in range(20):
+        moves = [int(m) for m in rng.choice([1, 1, 1, 2, 5], STEP_MOVES)]
+        epochs = rng.choice(STEP_MOVES, STEP_MOVES * 2 // 5, replace=False)
+        for i in epochs[:-3]:
+            moves[i] = int(rng.integers(95, 101))
+        for i in epochs[-3:]:  # catch-ups after stalls
+            moves[i] = int(rng.integers(300, 4_500))
+        assert 95 <= data_step(moves) <= 100
+    assert data_step([1] * 40 + [3]) == 1
+    assert data_step([]) == 1
+    assert data_step([100] * 10) == 100
 
 
 def test_checkpointed_router_keeps_the_table_of_an_epoch_its_data_passed() -> None:
