@@ -287,7 +287,7 @@ class ChunkBins:
             else:
                 joined = pa.concat_arrays([pa.array(x) if isinstance(x, np.ndarray) else x
                                            for x in arrays])
-            every = bins_of(column_hashes(joined), bins).astype(np.uint16)
+            every = self.of_keys(joined, bins)
             offsets = np.cumsum([0, *map(len, arrays)]).tolist()
             for i, lo, hi in zip(group, offsets, offsets[1:], strict=False):
                 found[i] = every[lo:hi]
@@ -331,11 +331,15 @@ class ChunkBins:
         # are found by binary searches, the others' by one gather over their rows' bins
         cuts: dict[int, tuple[list[int], list[int]]] = {}
         if runs is not None:
+            edges = np.concatenate(runs)
+            past = edges > np.iinfo(np.uint16).max  # a stop at MAX_BINS: the chunk's end
+            small = edges.clip(max=np.iinfo(np.uint16).max).astype(np.uint16)  # as stored
             for i, obj in enumerate(objects):
                 if self.ascending(obj):
                     f: np.ndarray = found[i]  # type: ignore[assignment]
-                    cuts[i] = (np.searchsorted(f, runs[0].astype(f.dtype)).tolist(),
-                               np.searchsorted(f, runs[1].astype(f.dtype)).tolist())
+                    at = np.searchsorted(f, small)
+                    at[past] = len(f)
+                    cuts[i] = (at[:len(runs[0])].tolist(), at[len(runs[0]):].tolist())
         gathered = [np.zeros(0, np.uint16) if i in cuts else f for i, f in enumerate(found)]
         hit = member[np.concatenate([np.zeros(0, np.uint16), *gathered])]  # type: ignore[list-item]
         offsets = np.cumsum([0, *(len(f) for f in gathered)])  # type: ignore[arg-type]
@@ -423,6 +427,13 @@ class ChunkBins:
                 ranges.append((i, i + 1))
             lo = i + 1
         return ranges
+
+    @staticmethod
+    def of_keys(keys: pa.Array | np.ndarray, bins: int) -> np.ndarray:
+        """The bin (``uint16``, one per key) of each of ``keys`` among ``bins`` bins, as
+        ``Exchange(column=)`` routes it; not remembered (``put`` does that)."""
+        return bins_of(column_hashes(keys if isinstance(keys, pa.Array) else pa.array(keys)),
+                       bins).astype(np.uint16)
 
     def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
              bins: int, deadline: float) -> bool:
