@@ -33,7 +33,7 @@ from tokenflow.dataflow.capability import Capability, CapabilityRef
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary, unary_frontier
-from tokenflow.dataflow.routing import column_hashes
+from tokenflow.dataflow.routing import column_hashes, hash_ints
 from tokenflow.dataflow.state import BinnedState, split_by_bin
 from tokenflow.dataflow.stream import Stream
 from tokenflow.rescale.migrate import Elastic, keyed_operator, migrates
@@ -193,8 +193,9 @@ def group_slices(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     if len(keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return keys[:0], empty, empty
-    starts = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
-    stops = np.r_[starts[1:], len(keys)]
+    starts = np.flatnonzero(keys[1:] != keys[:-1]) + 1
+    starts = np.concatenate((np.zeros(1, dtype=starts.dtype), starts))
+    stops = np.concatenate((starts[1:], np.array([len(keys)], dtype=starts.dtype)))
     return keys[starts], starts, stops
 
 
@@ -431,9 +432,13 @@ class ChunkBins:
     @staticmethod
     def of_keys(keys: pa.Array | np.ndarray, bins: int) -> np.ndarray:
         """The bin (``uint16``, one per key) of each of ``keys`` among ``bins`` bins, as
-        ``Exchange(column=)`` routes it; not remembered (``put`` does that)."""
-        return bins_of(column_hashes(keys if isinstance(keys, pa.Array) else pa.array(keys)),
-                       bins).astype(np.uint16)
+        ``Exchange(column=)`` routes it; not remembered (``put`` does that).  An int64 numpy
+        array is hashed as ``column_hashes`` hashes it, without the trip through Arrow."""
+        if isinstance(keys, np.ndarray) and keys.dtype == np.int64:
+            hashes = hash_ints(keys)
+        else:
+            hashes = column_hashes(keys if isinstance(keys, pa.Array) else pa.array(keys))
+        return bins_of(hashes, bins).astype(np.uint16)
 
     def warm(self, chunks: Sequence[Any], keys: Callable[[Any], pa.Array | np.ndarray],
              bins: int, deadline: float) -> bool:
