@@ -257,7 +257,9 @@ def test_the_data_step_is_an_epoch_not_a_crawl_within_one_nor_a_catch_up() -> No
     """A frontier that crawls within its epochs (q4's ``Q4Average``, fed by tokens at
     auctions' expiry times: most moves 1 ms, the others 95-100 ms) and now and then catches up
     by seconds: its data step is the epoch, so a fluid change puts one step in each epoch
-    rather than all of them in one; integer epochs give 1, no moves 1."""
+    rather than all of them in one.  A job ahead of real time moves by one or several epochs:
+    its step is one epoch (not the several, which made fluid changes run longer); integer
+    epochs give 1, no moves 1."""
     from tokenflow.rescale.megaphone import STEP_MOVES, data_step
 
     rng = np.random.default_rng(4)
@@ -269,9 +271,14 @@ def test_the_data_step_is_an_epoch_not_a_crawl_within_one_nor_a_catch_up() -> No
         for i in epochs[-3:]:  # catch-ups after stalls
             moves[i] = int(rng.integers(300, 4_500))
         assert 95 <= data_step(moves) <= 100
+        # ahead of real time: one or several epochs of 200 at once, and the crawl
+        ahead = [int(m) for m in rng.choice([1, 2, 200, 400, 600, 1_000], STEP_MOVES)]
+        if 200 in ahead:
+            assert data_step(ahead) == 200
     assert data_step([1] * 40 + [3]) == 1
     assert data_step([]) == 1
     assert data_step([100] * 10) == 100
+    assert data_step([200, 400, 400, 800, 1_000, 1_000]) == 200  # a least epoch move
 
 
 def test_checkpointed_router_keeps_the_table_of_an_epoch_its_data_passed() -> None:

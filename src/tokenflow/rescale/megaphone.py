@@ -484,21 +484,27 @@ class Controller:
 STEP_MOVES = 64
 """Moves of the data frontier ``control_stream`` keeps to find the data's time step."""
 STEP_QUANTILE = 0.9
-"""Quantile of those moves taken as the data's time step (``data_step``)."""
+"""A move of the data frontier counts towards the data's time step when it is at least
+``STEP_FLOOR`` of this quantile of the recent moves (``data_step``)."""
+STEP_FLOOR = 0.1
 
 
 def data_step(moves: Iterable[Any]) -> Any:
-    """The data's time step from recent moves of a data frontier (ints): their
-    ``STEP_QUANTILE`` quantile (1 when there are none).  The least move is not it: a frontier
-    downstream of tokens at data-dependent times crawls within an epoch (q4's ``Q4Average``
-    follows the least open auction's ``expires``: about 60 % of its moves are 1 ms, the rest
-    95-100 ms), and fluid steps one such move apart all fell in one epoch, which waited for
-    all 85 of them (a migration p99 of 96-114 ms).  The greatest is not it either: a catch-up
-    after a stall moves by seconds."""
+    """The data's time step from recent moves of a data frontier (ints): the least move of at
+    least ``STEP_FLOOR`` times their ``STEP_QUANTILE`` quantile (1 when there are none).
+
+    The least move alone is not it: a frontier downstream of tokens at data-dependent times
+    crawls within an epoch (q4's ``Q4Average`` follows the least open auction's ``expires``:
+    at half load about 60 % of its moves are 1 ms, the rest 95-100 ms), and fluid steps one
+    such move apart all fell in one epoch, which waited for all 85 of them (a migration p99 of
+    96-114 ms).  A high quantile alone is not it either: a job running ahead of real time
+    moves several epochs at once (and seconds after a stall), and steps that far apart made
+    a fluid change run several times longer."""
     ordered = sorted(moves)
     if not ordered:
         return 1
-    return ordered[int(STEP_QUANTILE * (len(ordered) - 1))]
+    floor = STEP_FLOOR * ordered[int(STEP_QUANTILE * (len(ordered) - 1))]
+    return next(m for m in ordered if m >= floor)
 
 
 def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], list[Any]],
@@ -506,9 +512,9 @@ def control_stream(scope: Scope, initial: RoutingTable, follow: Callable[[], lis
                    spread: bool = False) -> tuple[Stream, Controller]:
     """The control source: worker 0 holds a token ``lead`` ahead of ``follow()`` (the data
     frontier; ``[]`` when the data is done) and sends each requested step at its own time:
-    at consecutive times, or with ``spread`` one *data time step* apart (``data_step``: a high
-    quantile of the recent moves of the data frontier, 1 before any: 1 for consecutive integer
-    epochs, 100 for NEXMark's 100 ms epochs), so each falls between two epochs of data.  The
+    at consecutive times, or with ``spread`` one *data time step* apart (``data_step`` of the
+    recent moves of the data frontier, 1 before any: 1 for consecutive integer epochs, 100 for
+    NEXMark's 100 ms epochs), so each falls between two epochs of data.  The
     frontier's first move is not a step: it leaves the dataflow's initial time (0, or a time
     before a restored epoch) for the data's first epoch, and taken as one it put a change's
     steps 1.4e12 ms (NEXMark's epoch times) apart, after the end of the data.
