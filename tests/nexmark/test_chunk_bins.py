@@ -308,21 +308,26 @@ def test_window_sums_match_a_counter_with_any_auction_ids(high: bool) -> None:
 def test_a_take_of_the_last_bins_of_the_most_bins_slices_to_the_chunks_end() -> None:
     """A run of bins up to ``MAX_BINS`` (its stop, 65,536, does not fit the ``uint16`` the
     bins are kept in): the sliced partials give up their rows to their ends, as the
-    whole-state path does."""
+    whole-state path does; and the compacted sums stay ordered by bin for bins of
+    ``2**15`` and more (their sort key ``bin << KEY_BITS | auction`` stays positive)."""
     from tokenflow.state.bins import MAX_BINS
 
     state, twin = q5.WindowCounts(size=10, slide=5), q5.WindowCounts(size=10, slide=5)
     state.attach(MAX_BINS, 0)
     twin.attach(MAX_BINS, 0)
     rng = np.random.default_rng(2)
-    for _ in range(30):
+    for _ in range(100):  # enough adds for each window to compact: sums over every bin
         n = 2_000
         args = (rng.integers(0, 2, n) * 5, rng.choice(10**9, n, replace=False),
                 rng.integers(1, 4, n))
         state.add(*args)
         twin.add(*args)
+    sums = state.partials[10][0][0]
+    bins = bins_of(column_hashes(pa.array(sums)), MAX_BINS)
+    assert len(sums) > 50_000 and (np.diff(bins) >= 0).all()  # bin-ordered past 2**15
     gone = list(range(MAX_BINS - 4_096, MAX_BINS))
     taken = state.take(gone)
     assert taken and max(taken) >= MAX_BINS - 64  # rows of the last bins were held
     assert canonical("q5-counts", taken) == canonical("q5-counts", whole_state_take(twin, gone))
     assert canonical("q5-counts", state.export()) == canonical("q5-counts", twin.export())
+    assert finish_counts(state) == finish_counts(twin)

@@ -90,9 +90,10 @@ COMPACT_AFTER = 64
 """Partial count arrays a window accumulates before they are summed into its sums
 (``WindowCounts.summed``)."""
 
-KEY_BITS = 48
+KEY_BITS = 47
 """Auction ids in ``[0, 2**KEY_BITS)`` are ordered with their bin by one int64 sort key,
-``bin << KEY_BITS | auction`` (bins are below ``2**15``); other ids take a slower lexsort."""
+``bin << KEY_BITS | auction``, which stays positive for every bin (below ``MAX_BINS``,
+``2**16``); other ids take a slower lexsort."""
 
 
 COUNTS_SCHEMA = pa.schema([("window_end", pa.int64()), ("auction", pa.int64()),
