@@ -86,9 +86,12 @@ WHERE `count` = max_count
 """
 """Spark SQL over the temp view ``bid``: the same rows as the dataflow (as a multiset)."""
 
-COMPACT_AFTER = 64
-"""Partial count arrays a window accumulates before they are summed into its sums
-(``WindowCounts.summed``)."""
+COMPACT_AFTER = 16
+"""Partial count arrays a window accumulates before they are merged into its sums
+(``WindowCounts.summed``).  A merge sorts only the new partials but passes over the sums
+once, so fewer partials a time spread the same sorting over shorter steps: q5 paced at
+500K events/s, epoch p99 10.7-14.1 ms against 18.0-20.8 ms with 64, at the same p50 and the
+same closed-loop throughput (1.32M events/s, three and two runs interleaved)."""
 
 KEY_BITS = 47
 """Auction ids in ``[0, 2**KEY_BITS)`` are ordered with their bin by one int64 sort key,
