@@ -484,9 +484,10 @@ class Controller:
 STEP_MOVES = 64
 """Moves of the data frontier ``control_stream`` keeps to find the data's time step."""
 STEP_QUANTILE = 0.9
-"""A move of the data frontier counts towards the data's time step when it is at least
-``STEP_FLOOR`` of this quantile of the recent moves (``data_step``)."""
+"""The quantile of the recent moves ``data_step`` scales its floor from."""
 STEP_FLOOR = 0.1
+"""A move counts towards the data's time step when it is at least this share of the
+``STEP_QUANTILE`` quantile of the recent moves (``data_step``)."""
 
 
 def data_step(moves: Iterable[Any]) -> Any:
@@ -495,11 +496,12 @@ def data_step(moves: Iterable[Any]) -> Any:
 
     The least move alone is not it: a frontier downstream of tokens at data-dependent times
     crawls within an epoch (q4's ``Q4Average`` follows the least open auction's ``expires``:
-    at half load about 60 % of its moves are 1 ms, the rest 95-100 ms), and fluid steps one
-    such move apart all fell in one epoch, which waited for all 85 of them (a migration p99 of
-    96-114 ms).  A high quantile alone is not it either: a job running ahead of real time
-    moves several epochs at once (and seconds after a stall), and steps that far apart made
-    a fluid change run several times longer."""
+    in a traced half-load run 284 of its 514 moves were 1 ms, most others 97-100 ms), and
+    fluid steps one such move apart all fell in one epoch, which waited for all 85 of them (a
+    migration p99 of 96-114 ms).  A high quantile alone is not it either: a job running ahead
+    of real time moves several epochs at once (and seconds after a stall), and with steps
+    that far apart q4's fluid changes in ``rescale_nexmark.py --join`` ran about half again
+    as long, some not finishing before the job ended."""
     ordered = sorted(moves)
     if not ordered:
         return 1

@@ -288,12 +288,11 @@ class WindowState(ColumnarState):
             people = pa.Table.from_batches(person_parts, schema=PERSON_SCHEMA)
             persons = pa.table([np.concatenate(person_ends), people.column("id"),
                                 people.column("name")], schema=PERSON_ROWS)
-            # the taken batches' bins are remembered (``split``): not hashed again
-            person_bins: np.ndarray | None = np.concatenate(
-                self._bins.lookup(person_parts, _ids, self.bins or 1))  # type: ignore[arg-type]
         else:
             persons = PERSON_ROWS.empty_table()
-            person_bins = None
+        # the taken batches' bins are remembered (``split``): not hashed again
+        person_bins = np.concatenate([np.zeros(0, np.uint16), *self._bins.lookup(
+            person_parts, _ids, self.bins or 1)])  # type: ignore[arg-type]
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
         gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask,
                                          np.concatenate, _slice_ids)
@@ -306,8 +305,7 @@ class WindowState(ColumnarState):
                 schema=SELLER_ROWS)
         else:
             sellers_taken = SELLER_ROWS.empty_table()
-        return [Taken(persons, None if person_bins is not None else key_hashes(persons, "id"),
-                      held_persons, person_bins),
+        return [Taken(persons, None, held_persons, person_bins),
                 Taken(sellers_taken, key_hashes(sellers_taken, "seller"), held_sellers)]
 
     def _person_chunks(self) -> list[pa.RecordBatch]:
