@@ -158,6 +158,41 @@ def test_states_are_prepared_while_their_steps_wait(query: str,
 
 
 @pytest.mark.parametrize("query", QUERIES)
+def test_states_whose_takes_cost_per_bin_leave_in_slices(query: str,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no time budget per activation, an all-at-once step of q5's or q8's state (bins
+    memoized: ``take_per_bin``) leaves each old owner in several ``take_to`` slices, each one
+    table per new owner; q4's states (a take hashes every key) take a step in one call per
+    old owner.  The output is the non-migrating run's either way."""
+    import tokenflow.rescale.megaphone as mp
+    from tokenflow.nexmark.queries._windows import ColumnarState
+
+    monkeypatch.setattr(mp, "SLICE_SECONDS", 0.0)
+    calls: dict[str, int] = {}
+    take_to = ColumnarState.take_to
+
+    def counting(self: ColumnarState, targets: Any) -> Any:
+        calls[type(self).__name__] = calls.get(type(self).__name__, 0) + 1
+        return take_to(self, targets)
+
+    monkeypatch.setattr(ColumnarState, "take_to", counting)
+    rng = random.Random(f"slices-{query}")
+    result = run(query, "all-at-once", rng, rescale_at=random_points(rng))
+    same_rows(result.rows, reference(query))
+    check_moves(result, "all-at-once")
+    sending = sum(len(c.senders) for c in result.migrations)  # one step per change
+    classes = {cls.__name__: cls for cls in ColumnarState.__subclasses__()}
+    per_bin = {name for name in calls if classes[name].take_per_bin}
+    assert per_bin == ({"WindowCounts"} if query == "q5" else
+                       {"WindowState"} if query == "q8" else set()), calls
+    for name, count in calls.items():
+        if name in per_bin:
+            assert count > 2 * sending, (name, count, sending)
+        else:
+            assert count == sending, (name, count, sending)
+
+
+@pytest.mark.parametrize("query", QUERIES)
 def test_state_moved_per_change_is_bounded(query: str) -> None:
     """On the larger input (10,000 auctions in flight), with the changes after its first 30 %
     (the state built up): each scale-out moves at most ``1/(W+1) + 2 %`` of the state bytes."""

@@ -649,9 +649,9 @@ class Shared:
     Attributes:
         take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
         take_to: the state's ``take_to({bin: new owner}) -> {new owner: pa.Table}`` when it
-            has one and takes a step in one call (a ``ColumnarState``): F then sends each new
-            owner one table of all its bins' rows, keyed by the least of those bins (the
-            state's ``load`` takes rows of any bins), instead of one table per bin.
+            has one (a ``ColumnarState``): F then sends each new owner one table of all its
+            bins' rows per slice (or per step taken in one call), keyed by the least of those
+            bins (the state's ``load`` takes rows of any bins), instead of one table per bin.
         sizes: bytes per bin of all the state held (``pa.Table.nbytes`` of each bin's
             table in a full export; measuring).
         per_bin: the state's ``take_per_bin``: F takes a step's bins in slices (else in one
@@ -816,8 +816,8 @@ class _Send:
 
     def next_slice(self, bins: int, seconds: float) -> int:
         """Bins of the next slice after one of ``bins`` took ``seconds``: scaled towards
-        ``SLICE_SECONDS`` (at most halved or quadrupled at once), never below ``least``."""
-        want = min(max(bins * SLICE_SECONDS / max(seconds, 1e-6), bins / 2), 4 * bins)
+        ``SLICE_SECONDS`` (at most halved or doubled at once), never below ``least``."""
+        want = min(max(bins * SLICE_SECONDS / max(seconds, 1e-6), bins / 2), 2 * bins)
         return max(self.least, 1, int(want))
 
 

@@ -288,7 +288,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         migration.state = state
         shared.take = _take(state)
         shared.per_bin = bool(getattr(state, "take_per_bin", True))
-        shared.take_to = None if shared.per_bin else getattr(state, "take_to", None)
+        shared.take_to = getattr(state, "take_to", None)
         shared.prepare = getattr(state, "prepare_take", shared.prepare)
         shared.sizes = lambda: {b: t.nbytes for b, t in state.export().items()}
         return state

@@ -521,15 +521,18 @@ class ColumnarState(BinnedState):
     q5 step of 1,365 bins, alone on one core, went from 15-29 ms of take plus 1.3-18 ms of
     pickling and 4.4-4.8 ms of unpickling and loading to 13-22, 0.8-1.4 and 1.4-2.6 ms).
 
-    ``take_per_bin`` stays False: a step is taken in one call.  In slices (tried with the
-    memoized bins, ``benchmarks/rescale_latency.py`` at half load), each slice was short
-    (q5 2-9 ms, was 29-34) but the new owners' frontiers wait for the last slice, and the
-    slices were a worker step apart: a step's window grew from 38-58 ms to 89-131 ms (q5
-    all-at-once) and q8 all-at-once's migration p99 to 377 ms.
+    ``take_per_bin`` is False here: a step is taken in one call, since a take that hashes
+    every held key would pay that pass once per slice.  A subclass whose takes cost about
+    their share of the state (its bins memoized, cut by binary searches: q5's
+    ``WindowCounts``, q8's ``WindowState``) sets it True, and a step leaves in slices of
+    about ``SLICE_SECONDS``, each still one table per new owner (``take_to``).  Tried when
+    takes hashed every key (``benchmarks/rescale_latency.py`` at half load), slices were
+    worse: a step's window grew from 38-58 ms to 89-131 ms (q5 all-at-once) and q8
+    all-at-once's migration p99 to 377 ms.
     """
 
     PARTS: ClassVar[tuple[tuple[str, ...], ...]] = ()
-    take_per_bin: ClassVar[bool] = False  # unless a subclass memoizes: a take hashes all keys
+    take_per_bin: ClassVar[bool] = False  # a take hashes all keys unless a subclass memoizes
 
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         """Per part (in ``PARTS`` order): its rows (at least its ``PARTS`` columns) and the

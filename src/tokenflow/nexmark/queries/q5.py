@@ -130,6 +130,8 @@ class WindowCounts(ColumnarState):
         ValueError: (constructor) when ``slide`` does not divide ``size`` or either is <= 0.
     """
 
+    take_per_bin = True  # bins memoized per chunk: a take costs about its share
+
     def __init__(self, size: int = SIZE_MS, slide: int = SLIDE_MS) -> None:
         if size <= 0 or slide <= 0 or size % slide:
             raise ValueError(f"need 0 < slide dividing size, got size={size}, slide={slide}")

@@ -148,6 +148,8 @@ class WindowState(ColumnarState):
     """
 
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
+    take_per_bin = True  # bins memoized per chunk: a take costs about its share
+
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
         self.persons: dict[int, list[pa.RecordBatch]] = {}
