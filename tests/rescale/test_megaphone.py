@@ -326,3 +326,20 @@ def test_checkpointed_router_keeps_the_table_of_an_epoch_its_data_passed() -> No
     for seen, dropped, later, _ in results:
         assert seen == [ts[0].owners.tolist(), ts[1].owners.tolist(), ts[2].owners.tolist()]
         assert dropped and later == ts[2].owners.tolist()
+
+
+def test_a_slice_is_sized_for_half_the_budget_at_the_last_rate_and_at_most_doubles() -> None:
+    """``_Send.next_slice``: the last slice's rate scaled to half of ``SLICE_SECONDS`` (a
+    bin's cost varies within a step), within [half, twice] the last slice and never below
+    ``least`` (a step goes out in at most ``MAX_SLICES``)."""
+    import tokenflow.rescale.megaphone as mp
+
+    budget = mp.SLICE_SECONDS
+    send = mp._Send(0, [], [mp.Move(b, 0, 1) for b in range(1_600)])
+    assert send.least == 1_600 // mp.MAX_SLICES
+    assert send.next_slice(400, budget / 2) == 400  # at the target rate: the same again
+    assert send.next_slice(400, budget) == 200  # twice the target: halved
+    assert send.next_slice(400, budget / 8) == 800  # far below: at most doubled
+    assert send.next_slice(400, budget * 10) == 200  # far above: at most halved
+    assert send.next_slice(120, budget) == send.least  # never below a 16th of the step
+    assert send.next_slice(150, budget / 3) == 225  # 150 * (budget / 2) / (budget / 3)
