@@ -523,9 +523,11 @@ class ColumnarState(BinnedState):
 
     ``take_per_bin`` is False here: a step is taken in one call, since a take that hashes
     every held key would pay that pass once per slice.  A subclass whose takes cost about
-    their share of the state (its bins memoized, cut by binary searches: q5's
-    ``WindowCounts``, q8's ``WindowState``) sets it True, and a step leaves in slices of
-    about ``SLICE_SECONDS``, each still one table per new owner (``take_to``).  Tried when
+    their share of the state (its bins memoized, cut by binary searches) and whose one-call
+    takes are long sets it True (q5's ``WindowCounts``), and a step leaves in slices of
+    about ``SLICE_SECONDS``, each still one table per new owner (``take_to``).  Slices come
+    a worker step apart, so a sliced step's window is longer: q8's ``WindowState``, whose
+    one-call takes of a third of the bins run 2-4 ms at half load, stays False.  Tried when
     takes hashed every key (``benchmarks/rescale_latency.py`` at half load), slices were
     worse: a step's window grew from 38-58 ms to 89-131 ms (q5 all-at-once) and q8
     all-at-once's migration p99 to 377 ms.
