@@ -149,8 +149,8 @@ class WindowState(ColumnarState):
 
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
     # take_per_bin stays False: a step is taken in one call (2-4 ms at half load); in slices
-    # each step's window was 22-44 ms instead of 4-5 (slices come a worker step apart) and
-    # q8's migration p99 5-6x its steady p99 (benchmarks/results/rescale.md, 14:10 run)
+    # a step's first take to last slice was 14-44 ms instead of 4-5 (slices come a worker
+    # step apart) and q8's migration p99 4.9-6.5x its steady p99 (rescale.md, 14:10 run)
 
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
