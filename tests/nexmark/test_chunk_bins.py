@@ -204,6 +204,36 @@ def test_a_take_merges_each_window_it_cuts_twice_and_the_next_take_hashes_nothin
     assert sum(hashed) <= rows, (kind, hashed, rows)
 
 
+def test_a_merged_run_is_ordered_by_bin_and_the_next_one_bin_take_slices_it() -> None:
+    """q8: a one-bin take merges a window's small chunks (``split(merge=)``) and orders the
+    merged rows by bin (``reorder``), so what stays ascends and the next one-bin take (a
+    fluid migration's next step) cuts it into zero-copy slices instead of filtering it; both
+    takes give what the whole-state path gives."""
+    def ascending(a: np.ndarray) -> bool:
+        return bool((np.diff(bins_of(column_hashes(pa.array(a)), 64).astype(np.int64)) >= 0).all())
+
+    _, _, finish = KINDS["q8-windows"]
+    state, twin = q8.WindowState(size=10), q8.WindowState(size=10)
+    rng = np.random.default_rng(3)
+    for s in (state, twin):
+        s.attach(64, 0)
+    for i in range(q8.COMPACT_AFTER // 2):  # small chunks in one window, none compacted
+        ids = np.arange(i * 50, i * 50 + 50, dtype=np.int64)
+        persons = pa.record_batch([pa.array(ids), pa.array([f"p{k}" for k in ids])],
+                                  schema=q8.PERSON_SCHEMA)
+        sellers = rng.integers(0, 5_000, 50)
+        for s in (state, twin):
+            s.add_persons(10, persons)
+            s.add_sellers(10, sellers)
+    assert sorted_tables(state.take([5])) == sorted_tables(whole_state_take(twin, [5]))
+    (merged,) = key_arrays(state)  # one array of what stays of the window's sellers
+    assert len(merged) > 1_000 and ascending(merged)
+    assert sorted_tables(state.take([6])) == sorted_tables(whole_state_take(twin, [6]))
+    assert all(np.shares_memory(k, merged) for k in key_arrays(state))  # slices, not copies
+    assert sorted_tables(state.export()) == sorted_tables(twin.export())
+    assert finish(state) == finish(twin)
+
+
 def key_arrays(state: Any) -> list[np.ndarray]:
     """The numpy key arrays held (q5: partials' auctions; q8: seller arrays)."""
     if isinstance(state, q5.WindowCounts):

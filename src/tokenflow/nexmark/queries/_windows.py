@@ -300,6 +300,7 @@ class ChunkBins:
               cut: Callable[[Any, np.ndarray], Any],
               merge: Callable[[list[Any]], Any] | None = None,
               piece: Callable[[Any, int, int], Any] | None = None,
+              reorder: Callable[[Any, np.ndarray], Any] | None = None,
               ) -> tuple[dict[Any, list[Any]], dict[Any, list[Any]]]:
         """Split the chunks of ``groups`` (e.g. per window end) by the bins in ``member`` (bool
         per bin): ``(taken, kept)``, per group, the rows of those bins (``cut(chunk, mask)`` of
@@ -319,7 +320,11 @@ class ChunkBins:
         ``piece`` (``piece(chunk, lo, hi)``: its rows ``[lo, hi)``, zero-copy) a chunk whose
         bins ascend (``sort_by_bin``) gives up and keeps its rows as slices when ``member``
         holds at most ``SLICE_RUNS`` runs of bins (``RoutingTable.rebalanced`` moves two or
-        three): no pass over its rows."""
+        three): no pass over its rows.  With ``reorder`` (``reorder(chunk, order)``: its rows
+        in ``order``) a merged run is first put in the order of its rows' bins (stable: rows
+        of one bin keep their order), so what stays of it ascends and the next takes cut it
+        into slices: a fluid migration's one-bin steps otherwise filtered each window's
+        merged chunk both ways, step after step."""
         runs: tuple[np.ndarray, np.ndarray] | None = None
         if piece is not None:
             edges = np.flatnonzero(np.diff(np.r_[0, member.astype(np.int8), 0]))
@@ -358,10 +363,15 @@ class ChunkBins:
             staying: list[Any] = []
             first, at = at, at + len(members)
             for lo, hi in self._runs(found, touched, cuts.keys(), first, at, merge is not None):
+                ordered: bool | None = None  # (None: put finds out)
                 if hi - lo > 1:  # consecutive small chunks, several cut: one copy, one cut
                     chunk = merge(list(members[lo - first:hi - first]))  # type: ignore[misc]
                     seg = hit[offsets[lo]:offsets[hi]]
                     bins: np.ndarray = np.concatenate(found[lo:hi])  # type: ignore[arg-type]
+                    if reorder is not None:
+                        order = np.argsort(bins, kind="stable")
+                        chunk, seg, bins, ordered = reorder(chunk, order), seg[order], \
+                            bins[order], True
                 elif lo in touched:
                     chunk = members[lo - first]
                     if lo in sliced:
@@ -374,11 +384,11 @@ class ChunkBins:
                     staying.append(members[lo - first])
                     continue
                 taken.setdefault(group, []).append(cut(chunk, seg))
-                self.put(memo(taken[group][-1]), bins[seg], len(member))
+                self.put(memo(taken[group][-1]), bins[seg], len(member), ordered)
                 if not seg.all():
                     stay = ~seg
                     staying.append(cut(chunk, stay))
-                    self.put(memo(staying[-1]), bins[stay], len(member))
+                    self.put(memo(staying[-1]), bins[stay], len(member), ordered)
             if staying:
                 kept[group] = staying
         return taken, kept

@@ -283,7 +283,7 @@ class WindowState(ColumnarState):
         self._loose = {}  # batches added before stay as they are
         held_persons = any(b.num_rows for batches in self.persons.values() for b in batches)
         taken, kept = self._bins.split(self.persons, _itself, _ids, member, _filter,
-                                           _merge_persons, _slice_rows)
+                                           _merge_persons, _slice_rows, _take_rows)
         self.persons = kept
         person_parts = [b for batches in taken.values() for b in batches]
         person_ends = [np.full(b.num_rows, end, dtype=np.int64)
@@ -299,7 +299,7 @@ class WindowState(ColumnarState):
             person_parts, _ids, self.bins or 1)])  # type: ignore[arg-type]
         held_sellers = any(len(a) for arrays in self.sellers.values() for a in arrays)
         gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask,
-                                         np.concatenate, _slice_ids)
+                                         np.concatenate, _slice_ids, _take_ids)
         self.sellers = left
         seller_parts = [(end, np.unique(np.concatenate(arrays))) for end, arrays in gone.items()]
         if seller_parts:
