@@ -822,7 +822,7 @@ class _Send:
         whole budget from the last one's rate took up to 2.5x the last's per bin (2.3 ms for
         330 bins, then 5.7 ms for 342).  Aimed at half, the longest slice of a run (four
         all-at-once changes; two runs each of q5 and q8) used 3.0-3.7 ms of CPU, where q5's
-        had used 4.4-7.0 ms aimed at the whole budget."""
+        had used 4.4-5.7 ms aimed at the whole budget (five runs)."""
         want = min(max(bins * SLICE_SECONDS / 2 / max(seconds, 1e-6), bins / 2), 2 * bins)
         return max(self.least, 1, int(want))
 

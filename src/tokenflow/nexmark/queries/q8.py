@@ -150,7 +150,8 @@ class WindowState(ColumnarState):
     PARTS = (tuple(PERSON_ROWS.names), tuple(SELLER_ROWS.names))
     # take_per_bin stays False: a step is taken in one call (2-4 ms at half load); in slices
     # a step's first take to last slice was 14-44 ms instead of 4-5 (slices come a worker
-    # step apart) and q8's migration p99 4.9-6.5x its steady p99 (rescale.md, 14:10 run)
+    # step apart) and q8's migration p99 4.9-6.5x its steady p99 (rescale.md, "Runs of the
+    # day": 2026-11-29 14:10)
 
     def __init__(self, size: int = WINDOW_MS) -> None:
         self.size = size
