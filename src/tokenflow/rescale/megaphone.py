@@ -65,6 +65,7 @@ from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
 from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled
 from tokenflow.faults import crash_point
 from tokenflow.progress.antichain import Antichain
+from tokenflow.rescale.clock import SliceClock
 from tokenflow.state.bins import RoutingTable
 
 if TYPE_CHECKING:
@@ -306,14 +307,15 @@ class LoadQueue:
             first = False
             time, parts = self.queue[0]
             chunk = sorted(parts)[:self.slice]
-            began, cpu = _time.perf_counter(), _time.thread_time()
+            clock = SliceClock()
             self.load({b: parts.pop(b) for b in chunk})
-            spent = _time.perf_counter() - began
+            spent, cpu, held = clock.stop()
             stats = self.stats[time]
             stats.slices += 1
             stats.loading += spent
             stats.longest = max(stats.longest, spent)
-            stats.longest_cpu = max(stats.longest_cpu, _time.thread_time() - cpu)
+            stats.longest_cpu = max(stats.longest_cpu, cpu)
+            stats.longest_held = max(stats.longest_held, held)
             want = len(chunk) * SLICE_SECONDS / max(spent, 1e-6)
             self.slice = max(1, int(min(max(want, len(chunk) / 2), 4 * len(chunk))))
             if not parts:
@@ -346,7 +348,8 @@ class StepStats:
     slice's take began (S had applied every record before ``time``), ``sent`` when the last
     slice was flushed to the mesh; ``slices`` taken, the ``longest`` one's take (s) and all
     of them (``taking``, s); ``longest_cpu``: the most CPU time one slice's take used on the
-    worker's thread (s, ``time.thread_time``: the wall time less what the OS gave other
+    worker's thread (s, ``time.thread_time``); ``longest_held``: the most time one slice's take
+    held the worker (s, ``SliceClock``: the wall time less what the OS gave other threads and
     processes meanwhile, e.g. 4 workers on 2 cores)."""
 
     time: int
@@ -359,6 +362,7 @@ class StepStats:
     longest: float = 0.0
     taking: float = 0.0
     longest_cpu: float = 0.0
+    longest_held: float = 0.0
 
 
 @dataclass
@@ -366,7 +370,8 @@ class LoadStats:
     """The moved state one worker received at logical time ``time``: when its first part
     reached the operator (``arrived``) and when the last was loaded (``loaded``; wall clock,
     ``time.time()`` s), the ``slices`` loaded, the ``longest`` one (s) and all (``loading``,
-    s); ``longest_cpu``: the most thread CPU time one slice used (s, as ``StepStats``)."""
+    s); ``longest_cpu`` and ``longest_held``: the most thread CPU time one slice used and the
+    most time one held the worker (s, as ``StepStats``)."""
 
     time: int
     arrived: float
@@ -375,6 +380,7 @@ class LoadStats:
     longest: float = 0.0
     loading: float = 0.0
     longest_cpu: float = 0.0
+    longest_held: float = 0.0
 
 
 class DataEndedError(RuntimeError):
@@ -795,7 +801,8 @@ class _Send:
     of the whole state when measuring, else 0)."""
 
     __slots__ = ("time", "tokens", "moves", "targets", "left", "least", "slice", "bytes",
-                 "started", "due", "slices", "longest", "taking", "longest_cpu", "prepared")
+                 "started", "due", "slices", "longest", "taking", "longest_cpu",
+                 "longest_held", "prepared")
 
     def __init__(self, time: int, tokens: list[Any], moves: list[Move]) -> None:
         self.time = time
@@ -812,6 +819,7 @@ class _Send:
         self.longest = 0.0
         self.taking = 0.0
         self.longest_cpu = 0.0
+        self.longest_held = 0.0
         self.prepared = False  # the state's ``prepare_take`` said it was done
 
     def next_slice(self, bins: int, seconds: float) -> int:
@@ -901,7 +909,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                 del send.left[:send.slice]
                 if not send.slices:
                     send.due = _time.time()
-                began, cpu = _time.perf_counter(), _time.thread_time()
+                clock = SliceClock()
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 if shared.take_to is not None:  # one table per new owner, under its least bin
                     wanted = {b: send.targets[b] for b in chunk}
@@ -913,11 +921,12 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     for b in chunk:
                         if b in parts:
                             by_target[send.targets[b]][b] = parts[b]
-                spent = _time.perf_counter() - began
+                spent, cpu, held = clock.stop()
                 send.slices += 1
                 send.taking += spent
                 send.longest = max(send.longest, spent)
-                send.longest_cpu = max(send.longest_cpu, _time.thread_time() - cpu)
+                send.longest_cpu = max(send.longest_cpu, cpu)
+                send.longest_held = max(send.longest_held, held)
                 if shared.per_bin:
                     send.slice = send.next_slice(len(chunk), spent)
                 crash_point("megaphone.move")  # taken out here, not yet sent: in flight
@@ -1037,7 +1046,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     break
                 finished.append(StepStats(send.time, len(send.moves), send.bytes,
                                           send.started, send.due, 0.0, send.slices,
-                                          send.longest, send.taking, send.longest_cpu))
+                                          send.longest, send.taking, send.longest_cpu,
+                                          send.longest_held))
                 for token in send.tokens:
                     token.drop()
                 sends.remove(send)

@@ -75,6 +75,9 @@ class ChangeReport:
             in one go (``StepStats.longest``, ``LoadStats.longest``).
         longest_take_cpu, longest_load_cpu: the most thread CPU time one slice used, seconds
             (``longest_cpu``; below the wall time when the OS ran other processes meanwhile).
+        longest_take_held, longest_load_held: the most time one slice held its worker,
+            seconds (``longest_held``: the wall time less the thread's run-queue wait, i.e.
+            without the OS's preemption; ``megaphone.SliceClock``).
         timeline: per step time (over operators and workers), wall-clock seconds
             (``time.time()``): ``due`` (the first sender's first take began), ``sent`` (the
             last sender flushed its last slice), ``arrived`` (the first part reached a
@@ -103,6 +106,8 @@ class ChangeReport:
     longest_load: float = 0.0
     longest_take_cpu: float = 0.0
     longest_load_cpu: float = 0.0
+    longest_take_held: float = 0.0
+    longest_load_held: float = 0.0
     timeline: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -238,8 +243,9 @@ def _timing(parts: Sequence[dict[str, Any]], name: str, lo: int,
                 entry[spent] = entry.get(spent, 0.0) + s[spent]
                 longest = f"longest_{kind}"
                 entry[longest] = max(entry.get(longest, 0.0), s["longest"])
-                entry[f"{longest}_cpu"] = max(entry.get(f"{longest}_cpu", 0.0),
-                                              s.get("longest_cpu", 0.0))
+                for clock in ("cpu", "held"):
+                    entry[f"{longest}_{clock}"] = max(entry.get(f"{longest}_{clock}", 0.0),
+                                                      s.get(f"longest_{clock}", 0.0))
     return out
 
 
@@ -259,7 +265,8 @@ def _merged_timing(timings: Sequence[dict[int, dict[str, float]]]) -> dict[str, 
                     into[key] = into.get(key, 0.0) + value
     timeline = [merged[t] for t in sorted(merged)]
     longest = {key: max((e.get(key, 0.0) for e in timeline), default=0.0)
-               for key in ("longest_take", "longest_load", "longest_take_cpu", "longest_load_cpu")}
+               for key in ("longest_take", "longest_load", "longest_take_cpu", "longest_load_cpu",
+                           "longest_take_held", "longest_load_held")}
     return {**longest,
             "timeline": [{k: v for k, v in e.items() if not k.startswith("longest_")}
                          for e in timeline]}

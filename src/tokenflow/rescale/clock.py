@@ -1,0 +1,71 @@
+"""How long one migration slice held its worker, told apart from the time the OS or the
+machine took from the worker meanwhile.
+
+The live-rescaling target "no existing worker blocked > 5 ms" (the rescaling seed's §5: the
+bootstrap server's latency spike) is about the migration's own work.  On a shared machine a
+slice's wall clock also counts time the thread did not run: the OS preempting it for other
+processes (4 worker processes on 2 cores) and time a virtual machine's host takes from its
+CPU.  ``SliceClock`` measures wall clock, thread CPU time and ``held``, the part that was the
+slice's own: CPU time, plus the thread's own waits if it blocked.  Linux only for the
+per-thread counters (``/proc/thread-self/schedstat``, ``getrusage(RUSAGE_THREAD)``);
+elsewhere ``held`` is the wall clock.
+"""
+
+from __future__ import annotations
+
+import time
+
+try:
+    import resource as _resource
+except ImportError:  # pragma: no cover - not POSIX
+    _resource = None  # type: ignore[assignment]
+
+
+def run_queue_wait() -> float:
+    """Seconds the calling thread has spent runnable but waiting for a CPU since it started
+    (Linux ``/proc/thread-self/schedstat``, its second field, ns): time the OS gave other
+    threads and processes.  0.0 where the file cannot be read (not Linux)."""
+    try:
+        with open("/proc/thread-self/schedstat", "rb") as f:
+            return int(f.read().split()[1]) * 1e-9
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
+def voluntary_switches() -> int:
+    """Times the calling thread has blocked (given up its CPU to wait: a lock, the GIL, I/O,
+    a sleep; ``getrusage(RUSAGE_THREAD).ru_nvcsw``); -1 where that is not available."""
+    who = getattr(_resource, "RUSAGE_THREAD", None) if _resource is not None else None
+    return -1 if who is None else _resource.getrusage(who).ru_nvcsw
+
+
+class SliceClock:
+    """The clocks of one migration slice, started at construction.  ``stop()`` gives seconds
+    ``(wall, cpu, held)``: wall clock (``perf_counter``), the thread's CPU time
+    (``thread_time``) and ``held``, how long the slice's own work kept the worker from
+    anything else:
+
+    - its CPU time when the thread never blocked in the slice (``voluntary_switches``
+      unchanged): the rest of the wall time went to other processes (the OS preempted the
+      thread; 4 worker processes on 2 cores) or to the machine (interrupts, a virtual
+      machine's host), not to the slice;
+    - otherwise the wall time less the thread's ``run_queue_wait``: its own waits count.
+
+    Without Linux's per-thread counters ``held`` is the wall time."""
+
+    __slots__ = ("wall", "cpu", "waited", "blocks")
+
+    def __init__(self) -> None:
+        self.wall, self.cpu = time.perf_counter(), time.thread_time()
+        self.waited, self.blocks = run_queue_wait(), voluntary_switches()
+
+    def stop(self) -> tuple[float, float, float]:
+        wall = time.perf_counter() - self.wall
+        cpu = min(wall, time.thread_time() - self.cpu)
+        blocks = voluntary_switches()
+        if blocks == self.blocks and blocks >= 0:
+            return wall, cpu, cpu
+        return wall, cpu, min(wall, max(cpu, wall - (run_queue_wait() - self.waited)))
+
+
+__all__ = ["SliceClock", "run_queue_wait", "voluntary_switches"]
