@@ -52,7 +52,7 @@ import collections
 import time as _time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import pyarrow as pa
@@ -91,9 +91,11 @@ ROUTING_META = "migrating"
 checkpoint's epoch: ``{operator key: RoutingTable.to_json()}`` (``Controller.table_at``)."""
 
 
-@dataclass(frozen=True)
-class Move:
-    """Bin ``bin`` moves from worker ``old`` to worker ``new``."""
+class Move(NamedTuple):
+    """Bin ``bin`` moves from worker ``old`` to worker ``new``.  A named tuple: a 4,096-bin
+    change has 1,024-1,365 of them, built on worker 0 (``plan``) and again on every worker
+    from the control records, in the step of the epoch the change was asked in (1,365 frozen
+    dataclasses took 0.55 ms to build, named tuples 0.23 ms)."""
 
     bin: int
     old: int
@@ -126,8 +128,9 @@ def plan(old: RoutingTable, new: RoutingTable, strategy: str = "batched",
         raise ValueError(f"unknown migration strategy {strategy!r}; choose one of {STRATEGIES}")
     if old.bins != new.bins:
         raise ValueError(f"routing tables of {old.bins} and {new.bins} bins")
-    changed = np.flatnonzero(old.owners != new.owners).tolist()
-    moves = [Move(b, old.owner(b), new.owner(b)) for b in changed]
+    changed = np.flatnonzero(old.owners != new.owners)
+    moves = list(map(Move._make, zip(changed.tolist(), old.owners[changed].tolist(),
+                                     new.owners[changed].tolist(), strict=True)))
     if not moves:
         return []
     if strategy == "all-at-once":
@@ -460,7 +463,7 @@ class Controller:
         """On a joining worker: the steps worker 0 sent before it was admitted; the router
         applies them before its first control record (Selvatici §3.5: the routing state a new
         worker needs besides its progress state)."""
-        self._adopted = [(int(t), [Move(*m) for m in moves]) for t, moves in history]
+        self._adopted = [(int(t), list(map(Move._make, moves))) for t, moves in history]
 
     def take_adopted(self) -> list[tuple[int, list[Move]]]:
         adopted, self._adopted = self._adopted, []
@@ -982,7 +985,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             for time, moves in controller.take_adopted():  # a joined worker: steps before it
                 apply(time, moves)
             for ref, batch in control_in:
-                moves = [Move(*m) for m in batch]
+                moves = list(map(Move._make, batch))
                 apply(ref.time, moves)
                 mine = [m for m in moves if m.old == me]
                 if mine or measure:

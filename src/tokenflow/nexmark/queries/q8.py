@@ -396,19 +396,29 @@ def join(persons: Stream, auctions: Stream, size: int = WINDOW_MS, name: str = "
             return unique, rows
 
         def logic(person_in: OperatorInput, auction_in: OperatorInput, output: OperatorOutput) -> None:
+            # one batch of persons and one array of sellers per window per activation: the
+            # sources send a message per millisecond of event time, and every batch a window
+            # holds costs each take, close and compaction a pass of its own
+            people: dict[int, list[pa.RecordBatch]] = {}
             for ref, batch in person_in:
                 unique, rows = open_windows(ref, batch.column("dateTime").to_numpy())
-                people = batch.select(PERSON_SCHEMA.names)
+                persons = batch.select(PERSON_SCHEMA.names)
                 if len(unique) == 1:
-                    state.add_persons(int(unique[0]), people)
+                    people.setdefault(int(unique[0]), []).append(persons)
                 else:
                     for end, index in zip(unique.tolist(), rows, strict=True):
-                        state.add_persons(end, people.take(pa.array(index)))
+                        people.setdefault(end, []).append(persons.take(pa.array(index)))
+            for end, batches in people.items():
+                state.add_persons(end, batches[0] if len(batches) == 1 else
+                                  pa.concat_batches(batches))
+            sellers: dict[int, list[np.ndarray]] = {}
             for ref, batch in auction_in:
                 unique, rows = open_windows(ref, batch.column("dateTime").to_numpy())
-                sellers = batch.column("seller").to_numpy()
+                column = batch.column("seller").to_numpy()
                 for end, index in zip(unique.tolist(), rows, strict=True):
-                    state.add_sellers(end, sellers[index])
+                    sellers.setdefault(end, []).append(column[index])
+            for end, arrays in sellers.items():
+                state.add_sellers(end, arrays[0] if len(arrays) == 1 else np.concatenate(arrays))
             f1, f2 = person_in.frontier, auction_in.frontier
             while True:
                 end = tokens.least()
