@@ -352,8 +352,8 @@ class StepStats:
     slice was flushed to the mesh; ``slices`` taken, the ``longest`` one's take (s) and all
     of them (``taking``, s); ``longest_cpu``: the most CPU time one slice's take used on the
     worker's thread (s, ``time.thread_time``); ``longest_held``: the most time one slice's take
-    held the worker (s, ``SliceClock``: the wall time less what the OS gave other threads and
-    processes meanwhile, e.g. 4 workers on 2 cores)."""
+    held the worker (s, ``clock.SliceClock``: its CPU time, plus its own waits if it blocked;
+    not the time the OS or a virtual machine's host gave others meanwhile)."""
 
     time: int
     bins: int

@@ -76,8 +76,9 @@ class ChangeReport:
         longest_take_cpu, longest_load_cpu: the most thread CPU time one slice used, seconds
             (``longest_cpu``; below the wall time when the OS ran other processes meanwhile).
         longest_take_held, longest_load_held: the most time one slice held its worker,
-            seconds (``longest_held``: the wall time less the thread's run-queue wait, i.e.
-            without the OS's preemption; ``megaphone.SliceClock``).
+            seconds (``longest_held``, ``tokenflow.rescale.clock.SliceClock``: the slice's CPU
+            time, plus its own waits if it blocked, without the time the OS or a virtual
+            machine's host gave others meanwhile).
         timeline: per step time (over operators and workers), wall-clock seconds
             (``time.time()``): ``due`` (the first sender's first take began), ``sent`` (the
             last sender flushed its last slice), ``arrived`` (the first part reached a
