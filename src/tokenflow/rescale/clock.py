@@ -1,8 +1,9 @@
 """How long one migration slice held its worker, told apart from the time the OS or the
 machine took from the worker meanwhile.
 
-The live-rescaling target "no existing worker blocked > 5 ms" (the rescaling seed's §5: the
-bootstrap server's latency spike) is about the migration's own work.  On a shared machine a
+The live-rescaling target "no existing worker blocked > 5 ms" (after the latency spike of
+the bootstrap server in Selvatici, *Rescaling of Timely Dataflow*, §5) is about the
+migration's own work.  On a shared machine a
 slice's wall clock also counts time the thread did not run: the OS preempting it for other
 processes (4 worker processes on 2 cores) and time a virtual machine's host takes from its
 CPU.  ``SliceClock`` measures wall clock, thread CPU time and ``held``, the part that was the
