@@ -335,7 +335,7 @@ def test_a_taken_state_loads_back() -> None:
 @pytest.mark.parametrize("kind", sorted(STATES))
 def test_take_to_is_take_grouped_by_new_owner(kind: str, seed: int, bins: int,
                                               workers: int) -> None:
-    """``take_to({bin: worker})`` (a migration step's one table per new owner) holds, per
+    """``take_to(bins, workers)`` (a migration step's one table per new owner) holds, per
     worker, exactly the rows ``take`` returns for that worker's bins (any order), leaves the
     same rest, and loaded on the new owner exports what loading the per-bin tables does."""
     make, finish = STATES[kind]
@@ -347,7 +347,8 @@ def test_take_to_is_take_grouped_by_new_owner(kind: str, seed: int, bins: int,
     moving = rng.choice(bins, size=int(rng.integers(0, bins + 1)), replace=False).tolist()
     targets = {b: int(rng.integers(0, workers)) for b in moving}
 
-    grouped = state.take_to(targets)
+    grouped = state.take_to(np.array(list(targets), dtype=np.int64),
+                            np.array(list(targets.values()), dtype=np.int64))
     per_bin = twin.take(moving)
 
     assert set(grouped) <= set(range(workers)), kind
@@ -399,3 +400,15 @@ def test_export_later_is_the_export_at_the_call(kind: str, seed: int, bins: int,
     state.take(range(max(bins, 1)))
     same_tables(later(), twin.export(wanted), ordered=True,
                 what=f"{kind}: export_later() after the state changed")
+
+
+def test_take_to_refuses_bins_and_owners_of_different_lengths() -> None:
+    """A migration step's bins and new owners pair up one to one: a mismatch is an error
+    naming both lengths, and the state keeps every row."""
+    make, _ = STATES[sorted(STATES)[0]]
+    state = make(np.random.default_rng(3))
+    state.attach(8, 0)
+    before = state.export()
+    with pytest.raises(ValueError, match="3 bins but 2 new owners"):
+        state.take_to(np.array([0, 1, 2]), np.array([1, 1]))
+    same_tables(state.export(), before, ordered=False, what="after the refused take")

@@ -172,9 +172,9 @@ def test_states_whose_takes_cost_per_bin_leave_in_slices(query: str,
     calls: dict[str, int] = {}
     take_to = ColumnarState.take_to
 
-    def counting(self: ColumnarState, targets: Any) -> Any:
+    def counting(self: ColumnarState, bins: Any, owners: Any) -> Any:
         calls[type(self).__name__] = calls.get(type(self).__name__, 0) + 1
-        return take_to(self, targets)
+        return take_to(self, bins, owners)
 
     monkeypatch.setattr(ColumnarState, "take_to", counting)
     rng = random.Random(f"slices-{query}")

@@ -657,7 +657,7 @@ class Shared:
 
     Attributes:
         take: ``take(bins) -> {bin: pa.Table}``: export the state of ``bins`` and forget it.
-        take_to: the state's ``take_to({bin: new owner}) -> {new owner: pa.Table}`` when it
+        take_to: the state's ``take_to(bins, new owners) -> {new owner: pa.Table}`` when it
             has one (a ``ColumnarState``): F then sends each new owner one table of all its
             bins' rows per slice (or per step taken in one call), keyed by the least of those
             bins (the state's ``load`` takes rows of any bins), instead of one table per bin.
@@ -678,7 +678,7 @@ class Shared:
     """
 
     take: Callable[[list[int]], dict[int, pa.Table]]
-    take_to: Callable[[dict[int, int]], dict[int, pa.Table]] | None = None
+    take_to: Callable[[np.ndarray, np.ndarray], dict[int, pa.Table]] | None = None
     sizes: Callable[[], dict[int, int]] = dict
     per_bin: bool = True
     prepare: Callable[[float], bool] = lambda deadline: True
@@ -799,20 +799,26 @@ def register_state(worker: Any, key: str, state: BinnedState, table: RoutingTabl
 class _Send:
     """A step at ``time`` this worker's router sends bins at (or, measuring, only records):
     the tokens it holds at ``time`` on every output until the last slice is out, the moves
-    from this worker, the bins still ``left`` to take, the bins of the next ``slice``, the
-    Arrow ``bytes`` sent so far and ``started`` (None before the first slice; then the bytes
-    of the whole state when measuring, else 0)."""
+    from this worker, their ``bins`` and ``news`` (new owners) as arrays, the position of
+    the first bin not yet taken (``taken``), the bins of the next ``slice``, the Arrow
+    ``bytes`` sent so far and ``started`` (None before the first slice; then the bytes of the
+    whole state when measuring, else 0).
 
-    __slots__ = ("time", "tokens", "moves", "targets", "left", "least", "slice", "bytes",
-                 "started", "due", "slices", "longest", "taking", "longest_cpu",
+    Arrays, since a slice is cut from them without a pass of Python over its bins: a take
+    is the rare path of a worker, run with its caches cold, and in paced q8 runs a dict of
+    1,365 bins built and walked per take cost a millisecond or more of the slice."""
+
+    __slots__ = ("time", "tokens", "moves", "bins", "news", "taken", "least", "slice",
+                 "bytes", "started", "due", "slices", "longest", "taking", "longest_cpu",
                  "longest_held", "prepared")
 
     def __init__(self, time: int, tokens: list[Any], moves: list[Move]) -> None:
         self.time = time
         self.tokens = tokens
         self.moves = moves
-        self.targets = {m.bin: m.new for m in moves}
-        self.left = [m.bin for m in moves]
+        self.bins = np.fromiter((m.bin for m in moves), dtype=np.int64, count=len(moves))
+        self.news = np.fromiter((m.new for m in moves), dtype=np.int64, count=len(moves))
+        self.taken = 0
         self.least = -(-len(moves) // MAX_SLICES)
         self.slice = max(self.least, min(len(moves), 8))
         self.bytes = 0
@@ -836,6 +842,10 @@ class _Send:
         had used 4.4-5.7 ms aimed at the whole budget (five runs)."""
         want = min(max(bins * SLICE_SECONDS / 2 / max(seconds, 1e-6), bins / 2), 2 * bins)
         return max(self.least, 1, int(want))
+
+    def left(self) -> int:
+        """Bins not taken yet."""
+        return len(self.bins) - self.taken
 
 
 def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, shared: Shared,
@@ -904,26 +914,26 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             """Take and send slices of ``send``'s bins until they are all sent (True) or the
             activation's budget is spent (False; at least one slice per activation)."""
             first = True
-            while send.left:
+            while send.left():
                 if not first and _time.perf_counter() >= deadline:
                     return False
                 first = False
-                chunk = send.left[:send.slice]
-                del send.left[:send.slice]
+                at = send.taken
+                send.taken = min(len(send.bins), at + send.slice)
+                chunk, news = send.bins[at:send.taken], send.news[at:send.taken]
                 if not send.slices:
                     send.due = _time.time()
                 clock = SliceClock()
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
                 if shared.take_to is not None:  # one table per new owner, under its least bin
-                    wanted = {b: send.targets[b] for b in chunk}
-                    parts = shared.take_to(wanted)
+                    parts = shared.take_to(chunk, news)
                     for target, rows in parts.items():
-                        by_target[target][min(b for b, w in wanted.items() if w == target)] = rows
+                        by_target[target][int(chunk[news == target].min())] = rows
                 else:
-                    parts = shared.take(chunk)
-                    for b in chunk:
+                    parts = shared.take(chunk.tolist())
+                    for b, target in zip(chunk.tolist(), news.tolist(), strict=True):
                         if b in parts:
-                            by_target[send.targets[b]][b] = parts[b]
+                            by_target[target][b] = parts[b]
                 spent, cpu, held = clock.stop()
                 send.slices += 1
                 send.taking += spent
@@ -1037,7 +1047,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                                 _time.perf_counter() + PREPARE_SECONDS)
                         continue
                     if not shared.per_bin:  # one take: each would pass over all the state
-                        send.slice = len(send.left) or 1
+                        send.slice = send.left() or 1
                     if measure:  # the whole state's bytes per bin, just before the step
                         sizes = shared.sizes()
                         send.started = sum(sizes.values())

@@ -199,6 +199,20 @@ def group_slices(keys: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return keys[starts], starts, stops
 
 
+def distinct(values: np.ndarray) -> np.ndarray:
+    """The distinct values of a 1-d numeric array, ascending: ``np.unique(values)`` by a sort
+    and a comparison of neighbours.  numpy 2.4's ``np.unique`` hashes first and then sorts
+    the distinct values: for 58K ``int64`` sellers of a q8 window (a few arrays each already
+    distinct) it took 6.3-6.9 ms where this takes 0.5 ms."""
+    ordered = np.sort(values)
+    if len(ordered) < 2:
+        return ordered
+    keep = np.empty(len(ordered), dtype=bool)
+    keep[0] = True
+    np.not_equal(ordered[1:], ordered[:-1], out=keep[1:])
+    return ordered[keep]
+
+
 _NO_HASHES = np.zeros(0, dtype=np.uint64)
 
 PART = "part"
@@ -657,19 +671,26 @@ class ColumnarState(BinnedState):
     def discard(self, bins: Iterable[int]) -> None:
         self.take(bins)
 
-    def take_to(self, targets: Mapping[int, int]) -> dict[int, pa.Table]:
-        """The state of the bins of ``targets`` (``{bin: worker}``), no longer held here, as
-        one table per worker: the rows of all the bins that go to it, in this state's row
-        order (``load`` takes rows of any bins, so a migration step need not split them by
-        bin).  Same rows as ``take(targets)`` grouped by worker; the cost of ``take`` without
-        its split into one table per bin (a step of 1,365 of 4,096 bins: 1,365 tables to
-        build, pickle and concatenate again on the new owner).  Bins outside ``[0, bins)``
-        are ignored."""
+    def take_to(self, bins: np.ndarray, owners: np.ndarray) -> dict[int, pa.Table]:
+        """The state of ``bins`` (integer array), no longer held here, as one table per new
+        owner (``owners[i]`` receives ``bins[i]``; an integer array of the same length): the
+        rows of all the bins that go to a worker, in this state's row order (``load`` takes
+        rows of any bins, so a migration step need not split them by bin).  Same rows as
+        ``take(bins)`` grouped by worker; the cost of ``take`` without its split into one
+        table per bin (a step of 1,365 of 4,096 bins: 1,365 tables to build, pickle and
+        concatenate again on the new owner).  Bins outside ``[0, bins)`` are ignored.
+
+        Raises:
+            ValueError: ``bins`` and ``owners`` of different lengths.
+        """
+        bins = np.asarray(bins, dtype=np.int64)
+        owners = np.asarray(owners, dtype=np.int64)
+        if len(bins) != len(owners):
+            raise ValueError(f"take_to: {len(bins)} bins but {len(owners)} new owners")
         size = self.bins or 1
         owner = np.full(size, -1, dtype=np.int64)
-        for b, w in targets.items():
-            if 0 <= b < size:
-                owner[b] = w
+        inside = (bins >= 0) & (bins < size)
+        owner[bins[inside]] = owners[inside]
         member = owner >= 0
         if not member.any():
             return {}
@@ -678,11 +699,11 @@ class ColumnarState(BinnedState):
             return {}
         if row_bins is None:  # worker-local rows: whole, to the home bin's new owner
             return {int(owner[self.home_bin]): table}
-        workers = np.unique(owner[member])  # per bin first: one new owner needs no pass
+        workers = distinct(owner[member])  # per bin first: one new owner needs no pass
         if len(workers) == 1:
             return {int(workers[0]): table}
         dest = owner[row_bins]
-        workers = np.unique(dest)
+        workers = np.flatnonzero(np.bincount(dest))
         return {int(w): table.filter(pa.array(dest == w)) for w in workers.tolist()}
 
     def take(self, bins: Iterable[int]) -> dict[int, pa.Table]:

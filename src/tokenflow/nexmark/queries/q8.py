@@ -48,6 +48,8 @@ from tokenflow.nexmark.queries._windows import (
     ColumnarState,
     Taken,
     WindowTokens,
+    distinct,
+    group_slices,
     int_column,
     key_hashes,
 )
@@ -195,7 +197,7 @@ class WindowState(ColumnarState):
         if len(sellers) == 0:
             return
         self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
-                   lambda loose: [self._by_bin(np.unique(np.concatenate(loose)), _itself,
+                   lambda loose: [self._by_bin(distinct(np.concatenate(loose)), _itself,
                                                _take_ids)])
 
     def _by_bin(self, chunk: Any, keys: Callable[[Any], Any],
@@ -228,11 +230,11 @@ class WindowState(ColumnarState):
         if not persons or not sellers:
             return _empty()
         table = pa.Table.from_batches(persons, schema=PERSON_SCHEMA)
-        value_set = pa.array(np.unique(np.concatenate(sellers)))
+        value_set = pa.array(distinct(np.concatenate(sellers)))
         found = table.filter(pc.is_in(table.column("id"), value_set=value_set))
         if found.num_rows > 1:
             ids = found.column("id").to_numpy()
-            if len(np.unique(ids)) < len(ids):  # a repeated id: distinct (id, name) rows
+            if len(distinct(ids)) < len(ids):  # a repeated id: distinct (id, name) rows
                 found = found.group_by(["id", "name"], use_threads=False).aggregate([]) \
                     .select(["id", "name"])
         n = found.num_rows
@@ -259,7 +261,7 @@ class WindowState(ColumnarState):
             persons = PERSON_ROWS.empty_table()
         # distinct sellers per window (all the join needs): a hot seller's auctions would
         # otherwise weigh its bin with one row each, in snapshots and in migrations
-        seller_arrays = [np.unique(np.concatenate(arrays)) for arrays in self.sellers.values()]
+        seller_arrays = [distinct(np.concatenate(arrays)) for arrays in self.sellers.values()]
         if seller_arrays:
             sellers = pa.table([np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a
                                                 in zip(self.sellers, seller_arrays, strict=True)]),
@@ -302,7 +304,7 @@ class WindowState(ColumnarState):
         gone, left = self._bins.split(self.sellers, _itself, _itself, member, _mask,
                                          np.concatenate, _slice_ids, _take_ids)
         self.sellers = left
-        seller_parts = [(end, np.unique(np.concatenate(arrays))) for end, arrays in gone.items()]
+        seller_parts = [(end, distinct(np.concatenate(arrays))) for end, arrays in gone.items()]
         if seller_parts:
             sellers_taken = pa.table(
                 [np.concatenate([np.full(len(a), end, dtype=np.int64) for end, a in seller_parts]),
@@ -332,8 +334,7 @@ class WindowState(ColumnarState):
     def add_rows(self, part: int, table: pa.Table) -> None:
         ends = int_column(table, "window_end")
         order = np.argsort(ends, kind="stable")
-        unique, starts = np.unique(ends[order], return_index=True)
-        stops = np.r_[starts[1:], len(order)]
+        unique, starts, stops = group_slices(ends[order])
         if part == 0:
             rows = table.select(PERSON_SCHEMA.names).cast(PERSON_SCHEMA) \
                 .take(pa.array(order)).combine_chunks()
