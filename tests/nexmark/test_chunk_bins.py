@@ -361,3 +361,20 @@ def test_a_take_of_the_last_bins_of_the_most_bins_slices_to_the_chunks_end() -> 
     assert canonical("q5-counts", taken) == canonical("q5-counts", whole_state_take(twin, gone))
     assert canonical("q5-counts", state.export()) == canonical("q5-counts", twin.export())
     assert finish_counts(state) == finish_counts(twin)
+
+
+@settings(max_examples=200, deadline=None)
+@given(values=st.lists(st.integers(-2**63, 2**63 - 1), max_size=300),
+       repeats=st.integers(1, 4), dtype=st.sampled_from(["int64", "uint16", "float64"]))
+def test_distinct_is_numpys_unique(values: list[int], repeats: int, dtype: str) -> None:
+    """``distinct`` (a sort and a comparison of neighbours) gives exactly ``np.unique``'s
+    values, ascending, for repeated and unique keys of the dtypes the states hold."""
+    info = np.iinfo(dtype) if dtype != "float64" else None
+    raw = np.array(values * repeats, dtype=np.float64 if info is None else object)
+    if info is not None:
+        raw = np.array([v % (int(info.max) - int(info.min) + 1) + int(info.min)
+                        for v in values * repeats], dtype=object)
+    array = raw.astype(dtype)
+    got = _windows.distinct(array)
+    assert got.dtype == array.dtype
+    assert got.tolist() == np.unique(array).tolist()
