@@ -241,9 +241,9 @@ the cheaper; a larger chunk (a window's compacted rows) is cut on its own, witho
 SLICE_ROWS = 64
 """Fewest rows a chunk whose bins ascend needs for ``ChunkBins.split`` to cut it into slices;
 a smaller one is cut as any other (merged with its small neighbours first when several have
-rows to take): its cuts cost more than copying its rows.  A q8 state of ten 1-row person
-batches and 23 seller arrays of 2 (what a take met in paced q8 runs, a window having just
-closed) took 1.05 ms warm with every ascending chunk sliced, 0.77 ms with these merged."""
+rows to take): its cuts cost more than copying its rows.  Alone on a core, a take from a
+q8 state of ten 1-row person batches and 23 seller arrays of 2 took 1.05 ms warm with every
+ascending chunk sliced, 0.73-0.78 ms with these merged."""
 
 SLICE_RUNS = 8
 """Most runs of bins a take may hold for ``ChunkBins.split`` to cut a bin-sorted chunk into
