@@ -179,7 +179,11 @@ def test_slow_subscriber_is_disconnected_and_resumes_exactly_once() -> None:
         pub.register(catalog.url, "int")
         pub.advance([0])
         sub = Subscription(catalog.url, "slow", token, buffer=1)
-        batch = pa.RecordBatch.from_pydict({"x": list(range(1000))})
+        # 60 epochs of 160 KB: more than the kernel's socket buffers take in (a send buffer
+        # grows to 4 MB here), so the writer blocks and the queue overflows however fast
+        # the writer thread drains it; with 8 KB epochs all fit in the buffers, and the
+        # queue overflowed only when the writer happened to lag the burst (a flaky test)
+        batch = pa.RecordBatch.from_pydict({"x": list(range(20_000))})
         for e in range(60):  # the subscriber reads nothing meanwhile: its queue overflows
             pub.data(e, batch)
             pub.advance([e + 1])
@@ -188,7 +192,7 @@ def test_slow_subscriber_is_disconnected_and_resumes_exactly_once() -> None:
         epochs = sub.epochs()
         pub.finish(linger=1)
     assert [e.time for e in epochs] == list(range(60))
-    assert all(e.batch.num_rows == 1000 for e in epochs)
+    assert all(e.batch.num_rows == 20_000 for e in epochs)
     assert sub.reconnects >= 1
 
 
