@@ -369,12 +369,12 @@ def test_a_take_of_the_last_bins_of_the_most_bins_slices_to_the_chunks_end() -> 
 def test_distinct_is_numpys_unique(values: list[int], repeats: int, dtype: str) -> None:
     """``distinct`` (a sort and a comparison of neighbours) gives exactly ``np.unique``'s
     values, ascending, for repeated and unique keys of the dtypes the states hold."""
-    info = np.iinfo(dtype) if dtype != "float64" else None
-    raw = np.array(values * repeats, dtype=np.float64 if info is None else object)
-    if info is not None:
-        raw = np.array([v % (int(info.max) - int(info.min) + 1) + int(info.min)
-                        for v in values * repeats], dtype=object)
-    array = raw.astype(dtype)
+    if dtype == "float64":
+        array = np.array(values * repeats, dtype=np.float64)
+    else:  # each value wrapped into the dtype's range
+        info = np.iinfo(dtype)
+        span = int(info.max) - int(info.min) + 1
+        array = np.array([v % span + int(info.min) for v in values * repeats], dtype=dtype)
     got = _windows.distinct(array)
     assert got.dtype == array.dtype
     assert got.tolist() == np.unique(array).tolist()

@@ -203,7 +203,8 @@ def distinct(values: np.ndarray) -> np.ndarray:
     """The distinct values of a 1-d numeric array, ascending: ``np.unique(values)`` by a sort
     and a comparison of neighbours.  numpy 2.4's ``np.unique`` hashes first and then sorts
     the distinct values: for 58K ``int64`` sellers of a q8 window (a few arrays each already
-    distinct) it took 6.3-6.9 ms where this takes 0.5 ms."""
+    distinct) it took 6.3-6.9 ms where this takes 0.5 ms.  (``group_slices(np.sort(values))[0]``
+    gives the same values at twice the cost, 1.2 ms: it also finds each run's bounds.)"""
     ordered = np.sort(values)
     if len(ordered) < 2:
         return ordered
@@ -706,9 +707,9 @@ class ColumnarState(BinnedState):
             return {}
         if row_bins is None:  # worker-local rows: whole, to the home bin's new owner
             return {int(owner[self.home_bin]): table}
-        workers = distinct(owner[member])  # per bin first: one new owner needs no pass
-        if len(workers) == 1:
-            return {int(workers[0]): table}
+        owners_taken = owner[member]
+        if (owners_taken == owners_taken[0]).all():  # one new owner: no pass over the rows
+            return {int(owners_taken[0]): table}
         dest = owner[row_bins]
         workers = np.flatnonzero(np.bincount(dest))
         return {int(w): table.filter(pa.array(dest == w)) for w in workers.tolist()}
