@@ -239,12 +239,17 @@ of its rows a few nanoseconds each, so for small chunks one copy and two cuts of
 the cheaper; a larger chunk (a window's compacted rows) is cut on its own, without the copy."""
 
 
-SLICE_ROWS = 64
+SLICE_ROWS = 8
 """Fewest rows a chunk whose bins ascend needs for ``ChunkBins.split`` to cut it into slices;
 a smaller one is cut as any other (merged with its small neighbours first when several have
 rows to take): its cuts cost more than copying its rows.  Alone on a core, a take from a
 q8 state of ten 1-row person batches and 23 seller arrays of 2 took 1.05 ms warm with every
-ascending chunk sliced, 0.73-0.78 ms with these merged."""
+ascending chunk sliced, 0.73-0.78 ms with these merged.  Eight rows of random bins ascend by
+chance about once in 40,000 (1 in 8!), so from 8 rows up only chunks ordered on purpose are
+sliced: a window's compacted chunks and the pieces a take leaves of them.  Those pieces are
+often short (the rows of the few bins above a taken one), and a fluid migration's next take
+touches them again; with 64 here they were cut by masks, 35 chunks a take (paced q8 fluid,
+35 s, 149 one-bin takes: the per-chunk loop's p90 1.6 ms with 64, 0.7-0.9 ms with 8)."""
 
 SLICE_RUNS = 8
 """Most runs of bins a take may hold for ``ChunkBins.split`` to cut a bin-sorted chunk into
