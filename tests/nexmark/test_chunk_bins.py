@@ -169,6 +169,30 @@ def test_a_prepared_take_hashes_only_the_rows_it_takes(kind: str, hashed: list[i
     assert sum(hashed) <= rows, (kind, hashed, rows, held)
 
 
+def test_a_q8_prepare_merges_each_windows_loose_batches_into_one_chunk_ordered_by_bin() -> None:
+    """``WindowState.prepare_take`` merges the batches added since a window's last merge, as
+    ``add_persons``/``add_sellers`` do every ``COMPACT_AFTER``: the take then cuts a few
+    chunks ordered by bin (slices) instead of every batch.  A passed deadline merges nothing;
+    the rows of each bin keep their order (export, row for row)."""
+    state = grown("q8-windows", seed=3, rounds=30)
+    before = chunk_groups(state)
+    loose = {g for g, chunks in before.items() if len(chunks) > 1}
+    assert loose  # windows holding several unmerged batches: the case under test
+    exported = {b: t.to_pylist() for b, t in state.export().items()}
+    assert not state.prepare_take(0.0)
+    assert {g: len(c) for g, c in chunk_groups(state).items()} == \
+        {g: len(c) for g, c in before.items()}
+    assert state.prepare_take(math.inf)
+    after = chunk_groups(state)
+    for group in loose:  # its unmerged batches are one chunk now
+        assert len(after[group]) < len(before[group]), group
+    for group, chunks in after.items():  # merges, ordered by bin (a last single batch
+        for keys in chunks[:-1]:            # added after the merges is left as it came)
+            found = bins_of(column_hashes(pa.array(keys)), 64).astype(np.int64)
+            assert (np.diff(found) >= 0).all(), group
+    assert {b: t.to_pylist() for b, t in state.export().items()} == exported
+
+
 def chunk_groups(state: Any) -> dict[tuple[int, int], list[np.ndarray]]:
     """Per (part, window end), the key array of each chunk held (q5: partials' auctions; q8:
     persons' ids, then sellers)."""

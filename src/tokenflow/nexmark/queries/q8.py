@@ -31,6 +31,7 @@ initial token.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -324,9 +325,26 @@ class WindowState(ColumnarState):
         return [a for arrays in self.sellers.values() for a in arrays]
 
     def prepare_take(self, deadline: float) -> bool:
-        """Hash the held ids and sellers a take would hash (``ChunkBins.warm``) until
-        ``deadline`` (``time.perf_counter()`` seconds); True when all are.  Chunks are not
-        merged here (``COMPACT_AFTER`` bounds them): new ones keep coming while a step waits."""
+        """Ahead of a step's take, until ``deadline`` (``time.perf_counter()`` seconds):
+        merge each window's batches added since its last merge (``COMPACT_AFTER`` bounds
+        them, a take then cuts each) into one chunk ordered by bin, as ``add_persons`` does
+        every ``COMPACT_AFTER`` batches, then hash the held ids and sellers a take would hash
+        (``ChunkBins.warm``); True when all is done.  New batches keep coming while a step
+        waits: those few are cut one by one.  A take of a third of the bins from a window of
+        4 merged chunks and 54 loose batches cut 58 chunks; after this, 6 (traced q8 run)."""
+        for (part, end), n in list(self._loose.items()):
+            if n < 2:
+                continue
+            if time.perf_counter() >= deadline:
+                return False
+            self._loose[(part, end)] = 0
+            if part == 0:
+                held = self.persons[end]
+                held[-n:] = [self._by_bin(_merge_persons(held[-n:]), _ids, _take_rows)]
+            else:
+                arrays = self.sellers[end]
+                arrays[-n:] = [self._by_bin(distinct(np.concatenate(arrays[-n:])), _itself,
+                                            _take_ids)]
         n = self.bins or 1
         return self._bins.warm(self._person_chunks(), _ids, n, deadline) and \
             self._bins.warm(self._seller_chunks(), _itself, n, deadline)
