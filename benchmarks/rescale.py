@@ -731,8 +731,9 @@ def report(runs: dict[str, dict[str, Any]],
         "zero for two consecutive epochs).",
         "- *longest migration call*: the longest `take(bins)` (export and forget the moving "
         "bins' state) of one slice of a step on its old owner, or `load` of one slice of "
-        "arriving parts on the new owner (wrapped with a timer inside the job): the time the "
-        "migration itself holds a worker in one go. A step leaves its old owner in slices of "
+        "arriving parts on the new owner (wrapped with a timer inside the job; an activation "
+        "may run several slices back to back: `StepStats.longest` measures those blocks). "
+        "A step leaves its old owner in slices of "
         f"bins, about {1e3 * mp.SLICE_SECONDS:g} ms of taking per activation (at most "
         f"{mp.MAX_SLICES} slices a step), and is loaded the same way; its tokens and the new "
         "owner's frontier stay at the step's time until the last slice is in. Steps also "

@@ -273,20 +273,23 @@ def report(runs: list[dict[str, Any]], maxima: dict[str, dict[str, Any]], header
             f"{zero_ok} | {'yes' if r['identical'] else '**no**'} | {windows} |")
     lines += ["", "![NEXMark epoch latency over time per query and strategy](rescale.nexmark.png)",
               "", "Per change: steps, bins moved, the window from the request to the output "
-              "passing the last step, the longest single slice of a take (old owner) and of a "
-              "load (new owner), ms: wall clock; in brackets *held*, the most time one slice "
-              "held its worker (`tokenflow.rescale.clock.SliceClock`: its thread CPU time if "
-              "the thread never blocked in it, else the wall clock less the thread's run-queue "
-              "wait; the time the OS ran other processes in between, 4 workers and the driver "
-              "on 2 cores, or the virtual machine's host took, is not the migration blocking "
-              "the worker) and the most thread CPU time one slice used (`time.thread_time`). "
+              "passing the last step, the longest block of migration work on one worker, "
+              "of taking (old owner: one activation's prepares, take slices and flush; runs "
+              "saved before 2026-11-29 22:40 UTC measured single slices) and of loading (new owner: one "
+              "run of load slices), ms: wall clock; in brackets *held*, the most time one "
+              "block held its worker (`tokenflow.rescale.clock.SliceClock`: its thread CPU "
+              "time if the thread never blocked in it, else the wall clock less the thread's "
+              "run-queue wait; the time the OS ran other processes in between, 4 workers and "
+              "the driver on 2 cores, or the virtual machine's host took, is not the "
+              "migration blocking the worker) and the most thread CPU time one block used "
+              "(`time.thread_time`). "
               f"*No worker blocked > {BLOCK_TARGET_MS:.0f} ms* judges *held* (runs saved "
               "before it was recorded: wall clock). Then where "
               "the window's time went (ms, wall clock, "
               "from the workers' `StepStats` / `LoadStats` through `ChangeReport.timeline`; "
               "the longest over the change's steps):", "",
-              "| query | strategy | change | steps | bins | window ms | longest take slice ms "
-              "| longest load slice ms | no worker blocked > 5 ms | request -> first take | "
+              "| query | strategy | change | steps | bins | window ms | longest take block ms "
+              "| longest load block ms | no worker blocked > 5 ms | request -> first take | "
               "first take -> last slice flushed | first take -> first part at a new owner | "
               "first part -> all loaded | all loaded -> output passed the step |",
               "|---|---|---|---:|---:|---:|---:|---:|---|---:|---:|---:|---:|---:|"]
@@ -314,14 +317,15 @@ def report(runs: list[dict[str, Any]], maxima: dict[str, dict[str, Any]], header
 
 
 def blocked(migration: dict[str, Any], kind: str) -> float:
-    """Seconds the longest ``kind`` slice held its worker: ``longest_{kind}_held`` (wall
-    clock without the OS's preemption), or the wall clock in runs saved without it."""
+    """Seconds the longest ``kind`` block of migration work held its worker:
+    ``longest_{kind}_held`` (wall clock without the OS's preemption), or the wall clock in runs
+    saved without it."""
     held = migration.get(f"longest_{kind}_held")
     return float(migration.get(f"longest_{kind}", 0.0) if held is None else held)
 
 
 def slice_ms(migration: dict[str, Any], kind: str) -> str:
-    """The longest ``kind`` slice's wall ms, then in brackets the most ms one slice held its
+    """The longest ``kind`` block's wall ms, then in brackets the most ms one block held its
     worker and the most CPU ms one used (runs saved before these were recorded: fewer)."""
     wall = fmt(1000 * migration.get(f"longest_{kind}", 0.0))
     held = migration.get(f"longest_{kind}_held")

@@ -122,19 +122,36 @@ def test_steps_sent_and_loaded_in_one_bin_slices_keep_the_output(
     assert sum(s.bins for s in steps) == sum(len(m) for a, b in zip(ts, ts[1:], strict=False)
                                              for m in plan(a, b, "all-at-once"))
     assert max(s.slices for s in steps) > 1  # a step went out over several activations
-    assert all(s.longest <= s.taking and s.due <= s.sent for s in steps if s.slices)
-    # a slice's thread CPU time is recorded and is no more than the wall time of the takes
+    assert all(s.due <= s.sent and s.longest > 0 for s in steps if s.slices)
+    # an activation's thread CPU time is recorded
     assert any(s.longest_cpu > 0 for s in steps)
-    assert all(s.longest_cpu <= s.taking + 0.002 for s in steps if s.slices)
     loads = [s for r in results for s in r["loads"]]
     assert loads and max(s.slices for s in loads) > 1
     assert all(s.arrived <= s.loaded for s in loads)
     assert any(s.longest_cpu > 0 for s in loads)
-    assert all(s.longest_cpu <= s.loading + 0.002 for s in loads)
-    # the time a slice held its worker is recorded and lies between its CPU and wall time
+    # the time an activation held its worker is recorded, between its CPU and wall time
     assert any(s.longest_held > 0 for s in steps) and any(s.longest_held > 0 for s in loads)
     for s in [*steps, *loads]:
         assert s.longest_cpu - 0.002 <= s.longest_held <= s.longest
+
+
+def test_slices_of_one_activation_are_measured_as_one_block(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a budget no step exhausts, a step's slices all run in one activation of F: the
+    worker ran nothing else between them, so its longest block of work (``StepStats.longest``)
+    is at least the wall time of all its takes together, not that of its longest slice."""
+    import tokenflow.rescale.megaphone as mp
+
+    monkeypatch.setattr(mp, "SLICE_SECONDS", 10.0)
+    monkeypatch.setattr(mp, "MAX_SLICES", 10_000)
+    ts = tables()
+    results = execute(job({8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}, "all-at-once"),
+                      workers=WORKERS, runtime="thread")
+    assert outputs(results) == oracle()
+    steps = [s for r in results for s in r["moved"] if s.slices]
+    assert max(s.slices for s in steps) > 1  # the case under test: several slices a step
+    for s in steps:
+        assert s.longest >= s.taking, (s.slices, s.longest, s.taking)
 
 
 def test_plan_moves_only_changed_bins_and_batched_rounds_are_matchings() -> None:

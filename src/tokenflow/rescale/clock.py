@@ -1,5 +1,5 @@
-"""How long one migration slice held its worker, told apart from the time the OS or the
-machine took from the worker meanwhile.
+"""How long migration work held its worker, told apart from the time the OS or the machine
+took from the worker meanwhile.
 
 The live-rescaling target "no existing worker blocked > 5 ms" (after the latency spike of
 the bootstrap server in Selvatici, *Rescaling of Timely Dataflow*, §5) is about the
@@ -15,6 +15,7 @@ elsewhere ``held`` is the wall clock.
 from __future__ import annotations
 
 import time
+from typing import Protocol
 
 try:
     import resource as _resource
@@ -69,4 +70,51 @@ class SliceClock:
         return wall, cpu, min(wall, max(cpu, wall - (run_queue_wait() - self.waited)))
 
 
-__all__ = ["SliceClock", "run_queue_wait", "voluntary_switches"]
+class Worked(Protocol):
+    """A migration step's or load's record of its longest block of work (seconds)."""
+
+    longest: float
+    longest_cpu: float
+    longest_held: float
+
+
+class Activation:
+    """The migration work of one activation of an operator, measured as one block: the worker
+    runs nothing else between its slices (takes, prepares, loads), so the block, not each
+    slice, is what held the worker.  ``work(record)`` before each piece of work (the clock
+    starts at the first), ``stop()`` after the last: each record worked for keeps the
+    largest ``SliceClock`` reading (wall, CPU, held) of any block that worked for it.  An
+    activation that did no work measures nothing (``idle``)."""
+
+    __slots__ = ("_clock", "_records")
+
+    def __init__(self) -> None:
+        self._clock: SliceClock | None = None
+        self._records: list[Worked] = []
+
+    @property
+    def idle(self) -> bool:
+        """No work yet in this activation."""
+        return self._clock is None
+
+    def work(self, record: Worked) -> None:
+        """Some work for ``record`` is about to run."""
+        if self._clock is None:
+            self._clock = SliceClock()
+        if not any(r is record for r in self._records):
+            self._records.append(record)
+
+    def stop(self) -> None:
+        """The block ended: fold its clocks into every record it worked for."""
+        if self._clock is None:
+            return
+        wall, cpu, held = self._clock.stop()
+        self._clock = None
+        for r in self._records:
+            r.longest = max(r.longest, wall)
+            r.longest_cpu = max(r.longest_cpu, cpu)
+            r.longest_held = max(r.longest_held, held)
+        self._records = []
+
+
+__all__ = ["Activation", "SliceClock", "Worked", "run_queue_wait", "voluntary_switches"]

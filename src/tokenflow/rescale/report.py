@@ -70,13 +70,15 @@ class ChangeReport:
         steps: the change's steps (distinct step times, over operators).
         end: the logical time of its last step (the latest over operators): the change is
             complete once the output frontier has passed it.
-        longest_take, longest_load: the longest single slice of a take (on a sender) and of
-            a load (on a receiver), seconds: the longest the change's own work held a worker
-            in one go (``StepStats.longest``, ``LoadStats.longest``).
-        longest_take_cpu, longest_load_cpu: the most thread CPU time one slice used, seconds
-            (``longest_cpu``; below the wall time when the OS ran other processes meanwhile).
-        longest_take_held, longest_load_held: the most time one slice held its worker,
-            seconds (``longest_held``, ``tokenflow.rescale.clock.SliceClock``: the slice's CPU
+        longest_take, longest_load: the longest block of the change's own work on one
+            worker, seconds: one activation's prepares, takes and flush on a sender, one
+            ``LoadQueue.run``'s loads on a receiver (``StepStats.longest``,
+            ``LoadStats.longest``; ``tokenflow.rescale.clock.Activation``).
+        longest_take_cpu, longest_load_cpu: the most thread CPU time one such block used,
+            seconds (``longest_cpu``; below the wall time when the OS ran other processes
+            meanwhile).
+        longest_take_held, longest_load_held: the most time one block held its worker,
+            seconds (``longest_held``, ``tokenflow.rescale.clock.SliceClock``: its CPU
             time, plus its own waits if it blocked, without the time the OS or a virtual
             machine's host gave others meanwhile).
         timeline: per step time (over operators and workers), wall-clock seconds
