@@ -105,19 +105,28 @@ def test_moves_keep_the_output_and_move_only_changed_bins(strategy: str) -> None
     assert not results[0]["keys"] and not results[2]["keys"]  # workers 0 and 2 own no bin
 
 
-def test_steps_sent_and_loaded_in_one_bin_slices_keep_the_output(
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    """With no time budget (one slice per activation) and slices allowed down to one bin, an
-    all-at-once step leaves its old owner over several activations and is loaded over several
-    on the new one; records at the step's time wait for the last slice on both ends."""
+def all_at_once_in_small_slices(monkeypatch: pytest.MonkeyPatch, budget: float) -> Any:
+    """The four all-at-once changes on the thread runtime with ``budget`` seconds of
+    migration work per activation (``SLICE_SECONDS``) and slices down to one bin; the
+    workers' results, their output checked against the oracle."""
     import tokenflow.rescale.megaphone as mp
 
-    monkeypatch.setattr(mp, "SLICE_SECONDS", 0.0)
+    monkeypatch.setattr(mp, "SLICE_SECONDS", budget)
     monkeypatch.setattr(mp, "MAX_SLICES", 10_000)
     ts = tables()
     results = execute(job({8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}, "all-at-once"),
                       workers=WORKERS, runtime="thread")
     assert outputs(results) == oracle()
+    return results
+
+
+def test_steps_sent_and_loaded_in_one_bin_slices_keep_the_output(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With no time budget (one slice per activation) and slices allowed down to one bin, an
+    all-at-once step leaves its old owner over several activations and is loaded over several
+    on the new one; records at the step's time wait for the last slice on both ends."""
+    results = all_at_once_in_small_slices(monkeypatch, budget=0.0)
+    ts = tables()
     steps = [s for r in results for s in r["moved"]]
     assert sum(s.bins for s in steps) == sum(len(m) for a, b in zip(ts, ts[1:], strict=False)
                                              for m in plan(a, b, "all-at-once"))
@@ -140,14 +149,7 @@ def test_slices_of_one_activation_are_measured_as_one_block(
     """With a budget no step exhausts, a step's slices all run in one activation of F: the
     worker ran nothing else between them, so its longest block of work (``StepStats.longest``)
     is at least the wall time of all its takes together, not that of its longest slice."""
-    import tokenflow.rescale.megaphone as mp
-
-    monkeypatch.setattr(mp, "SLICE_SECONDS", 10.0)
-    monkeypatch.setattr(mp, "MAX_SLICES", 10_000)
-    ts = tables()
-    results = execute(job({8: ts[1], 16: ts[2], 24: ts[3], 32: ts[4]}, "all-at-once"),
-                      workers=WORKERS, runtime="thread")
-    assert outputs(results) == oracle()
+    results = all_at_once_in_small_slices(monkeypatch, budget=10.0)
     steps = [s for r in results for s in r["moved"] if s.slices]
     assert max(s.slices for s in steps) > 1  # the case under test: several slices a step
     for s in steps:
