@@ -869,8 +869,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
     takes the bins' state (``shared.take``) and sends it at ``t`` to their new owners, in
     slices when the state's take costs per bin (``shared.per_bin``, a ``BinnedState``'s
     ``take_per_bin``; else in one take): each activation takes and sends slices of the step's
-    bins until ``SLICE_SECONDS`` are spent, then yields to the worker loop (activating itself
-    again); the tokens at ``t``
+    bins while the last slice's time still fits in ``SLICE_SECONDS``, then yields to the
+    worker loop (activating itself again); the tokens at ``t``
     are dropped with the last slice, so the new owners' frontiers stay at ``t`` until every
     slice is out.  Logically nothing changes (all of a step's bins move at ``t``); the work is
     spread over several steps of the worker.  What an activation sent is flushed to the mesh
