@@ -97,6 +97,12 @@ class Activation:
         """No work yet in this activation."""
         return self._clock is None
 
+    def may_start(self, deadline: float, expected: float) -> bool:
+        """Whether work expected to take ``expected`` seconds may start: the block's first
+        always, later work only when it would end by ``deadline`` (``time.perf_counter()``
+        seconds)."""
+        return self._clock is None or time.perf_counter() + expected <= deadline
+
     def work(self, record: Worked) -> None:
         """Some work for ``record`` is about to run."""
         if self._clock is None:

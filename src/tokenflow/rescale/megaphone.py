@@ -80,8 +80,8 @@ SLICE_SECONDS = 0.003
 sends a step's bins in slices while the last slice's time still fits in it (then yields to
 the worker loop, holding the step's tokens), the new owner loads arriving parts in slices
 the same way (``LoadQueue``).  An activation's first slice always runs.  Slices that merely
-started before the budget ran out ran on past it: in paced q5 runs, activations of 2-3
-slices used 4.2-5.4 ms of CPU where no single slice used more than 2.1 ms."""
+started before the budget ran out ran on past it: in a paced q5 batched run, activations of
+2-3 slices used 4.2-5.4 ms of CPU where no single slice used more than 2.1 ms."""
 PREPARE_SECONDS = 0.001
 """Seconds an activation of F spends at most preparing the state for a coming step's take
 (``BinnedState.prepare_take``): work it would otherwise do inside the step's first slice."""
@@ -310,7 +310,7 @@ class LoadQueue:
         deadline = _time.perf_counter() + SLICE_SECONDS
         clock = Activation()  # this run's loading, as one block
         last = 0.0
-        while self.queue and (clock.idle or _time.perf_counter() + last <= deadline):
+        while self.queue and clock.may_start(deadline, last):
             time, parts = self.queue[0]
             chunk = sorted(parts)[:self.slice]
             stats = self.stats[time]
@@ -916,16 +916,16 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         shared.activate_router = builder_activate = builder.activator()
         sent_now = [False]
 
-        def send_slices(send: _Send, deadline: float, first: bool) -> bool:
+        def send_slices(send: _Send, deadline: float, clock: Activation) -> bool:
             """Take and send slices of ``send``'s bins until they are all sent (True) or the
             activation's budget would be passed (False): a slice starts only when the last
-            one's time still fits before ``deadline``, except the activation's ``first``
-            migration work.  The clocks of the whole activation are ``Activation``'s."""
+            one's time still fits before ``deadline``, or as the activation's first work
+            (``clock``: the activation's migration work, as one block)."""
             last = 0.0
             while send.left():
-                if not first and _time.perf_counter() + last > deadline:
+                if not clock.may_start(deadline, last):
                     return False
-                first = False
+                clock.work(send)
                 at = send.taken
                 send.taken = min(len(send.bins), at + send.slice)
                 chunk, news = send.bins[at:send.taken], send.news[at:send.taken]
@@ -1048,9 +1048,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                         # S has not applied every record before t yet: meanwhile make the
                         # take cheaper (hash keys), a little per activation until done (a
                         # call passes over the state's chunks; F runs at every message)
-                        if send.moves and not send.prepared and (
-                                clock.idle or
-                                _time.perf_counter() + PREPARE_SECONDS <= deadline):
+                        if send.moves and not send.prepared and \
+                                clock.may_start(deadline, PREPARE_SECONDS):
                             clock.work(send)
                             send.prepared = shared.prepare(
                                 _time.perf_counter() + PREPARE_SECONDS)
@@ -1063,12 +1062,9 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                         send.bytes = sum(sizes.get(m.bin, 0) for m in send.moves)
                     else:
                         send.started = 0
-                if send.left():
-                    first = clock.idle
-                    clock.work(send)
-                    if not send_slices(send, deadline, first):
-                        builder_activate()  # more of this step's bins next time; later wait
-                        break
+                if send.left() and not send_slices(send, deadline, clock):
+                    builder_activate()  # more of this step's bins next time; later steps wait
+                    break
                 finished.append(send)
                 for token in send.tokens:
                     token.drop()

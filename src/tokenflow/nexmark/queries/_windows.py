@@ -244,8 +244,8 @@ SLICE_ROWS = 8
 a smaller one is cut as any other (merged with its small neighbours first when several have
 rows to take): its cuts cost more than copying its rows.  Alone on a core, a take from a
 q8 state of ten 1-row person batches and 23 seller arrays of 2 took 1.05 ms warm with every
-ascending chunk sliced, 0.73-0.78 ms with these merged.  Eight rows of random bins ascend by
-chance about once in 40,000 (1 in 8!), so from 8 rows up only chunks ordered on purpose are
+ascending chunk sliced, 0.73-0.78 ms with these merged.  Eight rows of random bins among
+hundreds ascend by chance about once in 40,000 (1 in 8!), so from 8 rows up only chunks ordered on purpose are
 sliced: a window's compacted chunks and the pieces a take leaves of them.  Those pieces are
 often short (the rows of the few bins above a taken one), and a fluid migration's next take
 touches them again; with 64 here they were cut by masks, 35 chunks a take (paced q8 fluid,

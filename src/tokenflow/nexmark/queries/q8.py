@@ -185,8 +185,7 @@ class WindowState(ColumnarState):
         bins out of a merged batch as slices.  No rows: nothing (a window holds rows)."""
         if rows.num_rows == 0:
             return
-        self._hold(self.persons.setdefault(end, []), (0, end), rows,
-                   lambda loose: [self._by_bin(_merge_persons(loose), _ids, _take_rows)])
+        self._hold(self.persons.setdefault(end, []), (0, end), rows)
 
     def add_sellers(self, end: int, sellers: np.ndarray) -> None:
         """Hold the seller ids (int64) of auctions of the window ending at ``end``; every
@@ -197,9 +196,7 @@ class WindowState(ColumnarState):
         persons.  No sellers: nothing."""
         if len(sellers) == 0:
             return
-        self._hold(self.sellers.setdefault(end, []), (1, end), sellers,
-                   lambda loose: [self._by_bin(distinct(np.concatenate(loose)), _itself,
-                                               _take_ids)])
+        self._hold(self.sellers.setdefault(end, []), (1, end), sellers)
 
     def _by_bin(self, chunk: Any, keys: Callable[[Any], Any],
                 reorder: Callable[[Any, np.ndarray], Any]) -> Any:
@@ -209,17 +206,29 @@ class WindowState(ColumnarState):
             return chunk
         return self._bins.sort_by_bin(chunk, _itself, keys, self.bins, reorder)
 
-    def _hold(self, held: list[Any], key: tuple[int, int], item: Any,
-              merge: Callable[[list[Any]], list[Any]]) -> None:
-        """Append ``item`` to ``held``; the ``COMPACT_AFTER``-th item appended since the last
-        merge (counted in ``_loose[key]``) replaces those items by ``merge(items)``."""
+    def _hold(self, held: list[Any], key: tuple[int, int], item: Any) -> None:
+        """Append ``item`` to ``held`` (the chunks of ``key``: part 0 persons, 1 sellers, and
+        the window end); the ``COMPACT_AFTER``-th item appended since the last merge (counted
+        in ``_loose[key]``) merges them (``_merge_loose``)."""
         held.append(item)
         n = self._loose.get(key, 0) + 1
         if n < COMPACT_AFTER:
             self._loose[key] = n
             return
+        self._merge_loose(key, n)
+
+    def _merge_loose(self, key: tuple[int, int], n: int) -> None:
+        """Replace the last ``n`` chunks of ``key`` by one, ordered by bin: persons' rows
+        copied, sellers made distinct (the join needs no more)."""
+        part, end = key
         self._loose[key] = 0
-        held[-n:] = merge(held[-n:])
+        if part == 0:
+            held = self.persons[end]
+            held[-n:] = [self._by_bin(_merge_persons(held[-n:]), _ids, _take_rows)]
+        else:
+            arrays = self.sellers[end]
+            arrays[-n:] = [self._by_bin(distinct(np.concatenate(arrays[-n:])), _itself,
+                                        _take_ids)]
 
     def close(self, end: int) -> pa.RecordBatch:
         """Forget the window ending at ``end``; its output rows (``SCHEMA``, distinct by
@@ -332,19 +341,12 @@ class WindowState(ColumnarState):
         (``ChunkBins.warm``); True when all is done.  New batches keep coming while a step
         waits: those few are cut one by one.  A take of a third of the bins from a window of
         4 merged chunks and 54 loose batches cut 58 chunks; after this, 6 (traced q8 run)."""
-        for (part, end), n in list(self._loose.items()):
+        for key, n in list(self._loose.items()):
             if n < 2:
                 continue
             if time.perf_counter() >= deadline:
                 return False
-            self._loose[(part, end)] = 0
-            if part == 0:
-                held = self.persons[end]
-                held[-n:] = [self._by_bin(_merge_persons(held[-n:]), _ids, _take_rows)]
-            else:
-                arrays = self.sellers[end]
-                arrays[-n:] = [self._by_bin(distinct(np.concatenate(arrays[-n:])), _itself,
-                                            _take_ids)]
+            self._merge_loose(key, n)
         n = self.bins or 1
         return self._bins.warm(self._person_chunks(), _ids, n, deadline) and \
             self._bins.warm(self._seller_chunks(), _itself, n, deadline)
