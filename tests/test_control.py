@@ -135,3 +135,42 @@ def test_a_command_waits_for_an_unconnected_worker_only_as_long_as_its_own_timeo
     assert time.monotonic() - began >= 0.55
     thread.join()
     assert other == [1.0]
+
+
+def test_a_worker_is_parked_only_while_it_waits_with_nothing_to_run() -> None:
+    """``Worker.parked`` is what a checkpoint's writer waits for (``_when_parked``)."""
+    from tokenflow.comm.manual import ManualAllocator, ManualFabric
+    from tokenflow.worker import Worker
+
+    seen: list[bool] = []
+
+    class Watching(ManualAllocator):
+        def park(self, timeout: float) -> None:
+            seen.append(worker.parked)
+
+    worker = Worker(Watching(ManualFabric(1), 0))
+    worker.step_or_park(0.0)
+    assert seen == [True] and not worker.parked
+    worker.activations.activate((0,))
+    worker.step_or_park(0.0)  # something to run: no park
+    assert seen == [True] and not worker.parked
+
+
+def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bound(monkeypatch) -> None:
+    """Before each piece of a checkpoint's write: at once when the worker is parked; else
+    until it parks, or ``WRITER_WAIT`` has passed (a worker that never parks)."""
+    import tokenflow.control as control
+
+    class Busy:
+        parked = False
+
+    monkeypatch.setattr(control, "WRITER_WAIT", 0.05)
+    began = time.monotonic()
+    control._when_parked(Busy())()
+    assert time.monotonic() - began >= 0.05
+    idle = Busy()
+    idle.parked = True
+    monkeypatch.setattr(control, "WRITER_WAIT", 30.0)  # it would wait this long if it waited
+    began = time.monotonic()
+    control._when_parked(idle)()
+    assert time.monotonic() - began < 5.0

@@ -301,7 +301,7 @@ class PendingHours(BinnedState):
         batches = [b for b in self.rows.batches if b.num_rows]
         return pa.Table.from_batches(batches) if batches else None
 
-    def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+    def export(self, bins: Iterable[int] | None = None) -> Mapping[int, pa.Table]:
         table = self.table()
         if table is None:
             return {}

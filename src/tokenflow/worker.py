@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 from tokenflow.dataflow.input import JobStopped
@@ -208,6 +208,10 @@ class Worker:
         """Hooks called after every step (metrics reporters); keep them cheap."""
         self._claims_checked = False
         self.steps = 0
+        self.parked = False
+        """True while the worker waits in ``step_or_park`` with nothing to run: read from
+        another thread, e.g. a checkpoint's writer, which works while it is set
+        (``tokenflow.control``)."""
         self.metrics: dict[str, int] = {"records_in": 0}
         """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
 
@@ -277,7 +281,7 @@ class Worker:
                 close()
         self._dataflows.clear()
 
-    def export_states(self, bins: Any = None) -> dict[str, dict[int, Any]]:
+    def export_states(self, bins: Any = None) -> dict[str, Mapping[int, Any]]:
         """Every declared state's bins (all held when ``bins`` is None), by key: what a
         snapshot writes (``{key: {bin: pa.Table}}``)."""
         return {key: state.export(bins) for key, state in self.states.items()}
@@ -560,7 +564,11 @@ class Worker:
         """Sleep up to ``timeout`` s if nothing asked to run and no message is waiting, then
         ``step()`` (timely's order: park first, so a step's effects are seen at once)."""
         if self.activations.is_empty():
-            self.allocator.park(timeout)
+            self.parked = True
+            try:
+                self.allocator.park(timeout)
+            finally:
+                self.parked = False
         return self.step()
 
     def step_while(self, condition: Callable[[], bool]) -> None:

@@ -46,7 +46,7 @@ import numpy as np
 import pyarrow as pa
 
 from tokenflow.dataflow.routing import stable_hash
-from tokenflow.state.bins import bins_of
+from tokenflow.state.bins import BinSplit, bins_of
 
 K = TypeVar("K")
 V = TypeVar("V")
@@ -74,29 +74,27 @@ def unpickled(table: pa.Table) -> list[Any]:
 
 
 def split_by_bin(table: pa.Table, bin_of_row: np.ndarray,
-                 wanted: Iterable[int] | None = None) -> dict[int, pa.Table]:
-    """Rows of ``table`` grouped by their bin (``bin_of_row[i]`` for row ``i``), one table
-    per bin present (and in ``wanted``, when given); vectorized: one sort and one take.
+                 wanted: Iterable[int] | None = None) -> BinSplit:
+    """Rows of ``table`` grouped by their bin (``bin_of_row[i]`` for row ``i``): a mapping of
+    each bin present (and in ``wanted``, when given) to its rows, in their order; vectorized:
+    one sort and one take, no table object per bin until one is asked for (``BinSplit``).
 
     Raises:
         ValueError: ``bin_of_row`` does not have one entry per row.
     """
     if len(bin_of_row) != table.num_rows:
         raise ValueError(f"{len(bin_of_row)} bins for {table.num_rows} rows")
-    if table.num_rows == 0:
-        return {}
-    keep = np.ones(len(bin_of_row), dtype=bool) if wanted is None else \
+    keep = None if wanted is None else \
         np.isin(bin_of_row, np.fromiter(wanted, dtype=np.int64))
-    rows = np.flatnonzero(keep)
+    rows = np.arange(len(bin_of_row)) if keep is None else np.flatnonzero(keep)
     if len(rows) == 0:
-        return {}
+        none = np.zeros(0, dtype=np.int64)
+        return BinSplit(table.slice(0, 0), none, none, none)
     order = rows[np.argsort(bin_of_row[rows], kind="stable")]
-    ordered = table.take(pa.array(order))
-    sorted_bins = bin_of_row[order]
+    sorted_bins = np.asarray(bin_of_row, dtype=np.int64)[order]
     starts = np.flatnonzero(np.r_[True, sorted_bins[1:] != sorted_bins[:-1]])
     stops = np.r_[starts[1:], len(sorted_bins)]
-    return {int(sorted_bins[s]): ordered.slice(s, e - s)
-            for s, e in zip(starts.tolist(), stops.tolist(), strict=True)}
+    return BinSplit(table.take(pa.array(order)), sorted_bins[starts], starts, stops)
 
 
 def group_by_bin(items: list[Any], bin_of_item: np.ndarray,
@@ -144,11 +142,11 @@ class BinnedState(ABC):
         self.home_bin = home_bin
 
     @abstractmethod
-    def export(self, bins: Iterable[int] | None = None) -> dict[int, pa.Table]:
+    def export(self, bins: Iterable[int] | None = None) -> Mapping[int, pa.Table]:
         """The state of ``bins`` (all held when None) as one Arrow table per non-empty bin;
         the state is not changed."""
 
-    def export_later(self, bins: Iterable[int] | None = None) -> Callable[[], dict[int, pa.Table]]:
+    def export_later(self, bins: Iterable[int] | None = None) -> Callable[[], Mapping[int, pa.Table]]:
         """``export(bins)`` as of now, to be called later, possibly on another thread (a
         checkpoint's writer) while the operator goes on changing this state: a capture
         stops the worker only for what must be read now.  The default exports now and

@@ -50,7 +50,7 @@ from __future__ import annotations
 import bisect
 import collections
 import time as _time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, NamedTuple
 
@@ -682,7 +682,7 @@ class Shared:
         loads: the moved state this worker received and loaded (``LoadStats``), in order.
     """
 
-    take: Callable[[list[int]], dict[int, pa.Table]]
+    take: Callable[[list[int]], Mapping[int, pa.Table]]
     take_to: Callable[[np.ndarray, np.ndarray], dict[int, pa.Table]] | None = None
     sizes: Callable[[], dict[int, int]] = dict
     per_bin: bool = True
@@ -933,6 +933,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     send.due = _time.time()
                 began = _time.perf_counter()
                 by_target: dict[int, dict[int, Any]] = collections.defaultdict(dict)
+                parts: Mapping[int, Any]
                 if shared.take_to is not None:  # one table per new owner, under its least bin
                     parts = shared.take_to(chunk, news)
                     for target, rows in parts.items():

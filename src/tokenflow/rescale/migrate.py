@@ -55,7 +55,7 @@ mints its tokens at ``pending_times()`` as it does for an ordinary restore.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -228,12 +228,12 @@ class _Unwrapped:
             fn(ref, batch)
 
 
-def _take(state: BinnedState) -> Callable[[list[int]], dict[int, pa.Table]]:
+def _take(state: BinnedState) -> Callable[[list[int]], Mapping[int, pa.Table]]:
     take = getattr(state, "take", None)
     if take is not None:
         return take  # type: ignore[no-any-return]
 
-    def export_and_discard(bins: list[int]) -> dict[int, pa.Table]:
+    def export_and_discard(bins: list[int]) -> Mapping[int, pa.Table]:
         parts = state.export(bins)
         if parts:
             state.discard(bins)

@@ -16,10 +16,11 @@ another roster from an existing one moving as few bins as possible.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 DEFAULT_BINS = 4096
 """Bins per job unless configured otherwise (a power of two; Megaphone's 2**12)."""
@@ -44,6 +45,80 @@ def bins_of(hashes: np.ndarray, bins: int = DEFAULT_BINS) -> np.ndarray:
     if bins == 1:
         return np.zeros(len(hashes), dtype=np.int64)
     return (hashes >> np.uint64(65 - bins.bit_length())).view(np.int64)
+
+
+class BinSplit(Mapping[int, pa.Table]):
+    """The rows of one table grouped by bin, without a table object per bin: a mapping from
+    each bin present to its rows, where bin ``bins[i]`` owns rows ``[starts[i], stops[i])``
+    of ``table`` (rows ordered by bin).  A bin's table is a zero-copy slice, made when
+    asked for; ``tokenflow.state.snapshot`` serializes a run of bins as one slice.  A state
+    of thousands of small bins (a windowed query's) costs a few microseconds of interpreter
+    per bin object, more than its rows.  ``split_by_bin`` (``tokenflow.dataflow.state``)
+    builds it.
+
+    Args:
+        table: the rows, ordered by bin (columns are combined into one chunk each).
+        bins: int64, the bins present, strictly ascending.
+        starts, stops: int64, each bin's first row and one past its last (``starts[i] <
+            stops[i] == starts[i + 1]``).
+
+    Raises:
+        ValueError: arrays of different lengths, bins not strictly ascending, or rows not
+            covered exactly once in order.
+    """
+
+    __slots__ = ("table", "bins", "starts", "stops")
+
+    def __init__(self, table: pa.Table, bins: np.ndarray, starts: np.ndarray,
+                 stops: np.ndarray) -> None:
+        bins, starts, stops = (np.asarray(a, dtype=np.int64) for a in (bins, starts, stops))
+        if not len(bins) == len(starts) == len(stops):
+            raise ValueError(f"{len(bins)} bins, {len(starts)} starts and {len(stops)} stops")
+        if len(bins) and (bool((bins[1:] <= bins[:-1]).any()) or starts[0] != 0
+                          or stops[-1] != table.num_rows or bool((stops <= starts).any())
+                          or not np.array_equal(starts[1:], stops[:-1])):
+            raise ValueError("bins must ascend strictly and their row ranges cover the table "
+                             "in order, each non-empty")
+        if not len(bins) and table.num_rows:
+            raise ValueError(f"no bins for {table.num_rows} rows")
+        self.table = table.combine_chunks() if any(
+            c.num_chunks > 1 for c in table.columns) else table
+        self.bins = bins
+        self.starts = starts
+        self.stops = stops
+
+    def _position(self, b: object) -> int:
+        if isinstance(b, bool) or not isinstance(b, (int, np.integer)):
+            raise KeyError(b)
+        i = int(np.searchsorted(self.bins, b))
+        if i == len(self.bins) or self.bins[i] != b:
+            raise KeyError(b)
+        return i
+
+    def __getitem__(self, b: int) -> pa.Table:
+        i = self._position(b)
+        start = int(self.starts[i])
+        return self.table.slice(start, int(self.stops[i]) - start)
+
+    def __contains__(self, b: object) -> bool:
+        try:
+            self._position(b)
+        except KeyError:
+            return False
+        return True
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self.bins.tolist())
+
+    def __len__(self) -> int:
+        return len(self.bins)
+
+    def rows(self) -> np.ndarray:
+        """Rows per bin (int64, in ``bins`` order)."""
+        return self.stops - self.starts
+
+    def __repr__(self) -> str:
+        return f"BinSplit({len(self.bins)} bins, {self.table.num_rows} rows)"
 
 
 class RoutingTable:
@@ -223,4 +298,4 @@ class RoutingTable:
         return f"RoutingTable(bins={self.bins}, roster={list(self.roster)}, counts={self.counts()})"
 
 
-__all__ = ["DEFAULT_BINS", "MAX_BINS", "RoutingTable", "bins_of", "check_bins"]
+__all__ = ["DEFAULT_BINS", "MAX_BINS", "BinSplit", "RoutingTable", "bins_of", "check_bins"]

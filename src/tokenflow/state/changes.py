@@ -36,7 +36,7 @@ class TrackedState(Protocol):
 
     def take_changes(self) -> set[int] | None: ...
 
-    def export_later(self, bins: Any = None) -> Callable[[], dict[int, pa.Table]]: ...
+    def export_later(self, bins: Any = None) -> Callable[[], Mapping[int, pa.Table]]: ...
 
 
 @dataclass
@@ -55,10 +55,10 @@ class Capture:
             (``BinnedState.export_later``).
     """
 
-    tables: dict[str, dict[int, pa.Table]] = field(default_factory=dict)
+    tables: dict[str, Mapping[int, pa.Table]] = field(default_factory=dict)
     changed: dict[str, set[int] | None] = field(default_factory=dict)
     exported: int = 0
-    later: dict[str, Callable[[], dict[int, pa.Table]]] = field(default_factory=dict)
+    later: dict[str, Callable[[], Mapping[int, pa.Table]]] = field(default_factory=dict)
 
     @property
     def full(self) -> list[str]:

@@ -56,16 +56,17 @@ import re
 import threading
 import uuid
 import zlib
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.fs as pafs
 
 from tokenflow.faults import crash_point
-from tokenflow.state.bins import RoutingTable, check_bins
+from tokenflow.state.bins import BinSplit, RoutingTable, check_bins
 
 FORMAT = 1
 """Version of the snapshot layout written and read by this module."""
@@ -357,15 +358,26 @@ class _Encoder:
         return [self._message, *(batch.serialize() for batch in table.to_batches()), _EOS]
 
 
-def _checked_states(states: Mapping[str, Mapping[int, pa.Table]],
-                    bins: int) -> list[tuple[str, list[tuple[int, pa.Table]]]]:
-    """``states`` sorted by name and bin, with argument errors raised before any write."""
-    out = []
+_Checked = list[tuple[str, "list[tuple[int, pa.Table]] | BinSplit"]]
+"""Per state (by name): its non-empty bins as (bin, table) sorted by bin, or a ``BinSplit``."""
+
+
+def _checked_states(states: Mapping[str, Mapping[int, pa.Table]], bins: int) -> _Checked:
+    """``states`` sorted by name and bin, with argument errors raised before any write.  A
+    ``BinSplit`` is checked as a whole (its bins in range) and kept as it is."""
+    out: _Checked = []
     for state in sorted(states):
         if not isinstance(state, str):
             raise TypeError(f"state names must be str, got {state!r}")
+        given = states[state]
+        if isinstance(given, BinSplit):
+            if len(given.bins) and not (0 <= given.bins[0] and given.bins[-1] < bins):
+                bad = given.bins[(given.bins < 0) | (given.bins >= bins)][0]
+                raise ValueError(f"state {state!r}: bin {int(bad)} is not an int in [0, {bins})")
+            out.append((state, given))
+            continue
         per_bin = []
-        for b, table in states[state].items():
+        for b, table in given.items():
             if isinstance(b, bool) or not isinstance(b, int) or not 0 <= b < bins:
                 raise ValueError(f"state {state!r}: bin {b!r} is not an int in [0, {bins})")
             if not isinstance(table, pa.Table):
@@ -376,16 +388,36 @@ def _checked_states(states: Mapping[str, Mapping[int, pa.Table]],
     return out
 
 
+def _packs(split: BinSplit, chosen: np.ndarray) -> Iterator[tuple[int, int]]:
+    """Index ranges ``[i, j)`` of ``split``'s bins to pack into shared blobs: maximal runs of
+    consecutive ``chosen`` bins, cut before ``GROUP_ROWS`` rows or ``_GROUP_BINS`` bins (a
+    run is one slice of the split's table)."""
+    rows = split.rows()
+    i, n = 0, len(rows)
+    while i < n:
+        if not chosen[i]:
+            i += 1
+            continue
+        j, size = i, 0
+        while j < n and chosen[j] and j - i < _GROUP_BINS and (j == i or size < GROUP_ROWS):
+            size += int(rows[j])
+            j += 1
+        yield i, j
+        i = j
+
+
 class _BlobWriter:
     """Serializes the non-empty bins of each state, recording the index as it goes; a blob
     equal (crc32 and length) to the ``previous`` part's entry is referenced, not written.  For
     a state in ``changed`` (an incremental capture) every bin of the ``previous`` part not in
     its changed set is referenced without being serialized."""
 
-    def __init__(self, states: list[tuple[str, list[tuple[int, pa.Table]]]], epoch: int,
+    def __init__(self, states: _Checked, epoch: int,
                  worker: int, previous: Mapping[str, Mapping[int, Sequence[int]]] | None,
-                 changed: Mapping[str, set[int]] | None = None) -> None:
+                 changed: Mapping[str, set[int]] | None = None,
+                 between: Callable[[], None] | None = None) -> None:
         self.states = states
+        self.between = between
         self.epoch = epoch
         self.worker = worker
         self.previous = previous or {}
@@ -423,14 +455,8 @@ class _BlobWriter:
             table = pa.concat_tables([t for _, t in group])
             if not any(_has_dictionary(f.type) for f in table.schema):
                 table = table.combine_chunks()  # one record batch: one IPC message, not one a bin
-            blob = _ipc_bytes(table)
-            crc = zlib.crc32(blob)
-            first = 0
-            for b, table in group:
-                rows = table.num_rows
-                entries[str(b)] = [offset, blob.size, crc, rows, first]
-                absolute[b] = [offset, blob.size, crc, rows, self.epoch, self.worker, first]
-                first += rows
+            blob = self._blob(table, ((b, t.num_rows) for b, t in group), offset, entries,
+                              absolute)
             offset += blob.size
             return blob
 
@@ -446,6 +472,34 @@ class _BlobWriter:
         if group:
             yield close()
 
+    def _blob(self, table: pa.Table, group: Iterable[tuple[int, int]], offset: int,
+              entries: dict[str, list[int]], absolute: dict[int, Entry]) -> pa.Buffer:
+        """``table`` (the rows of ``group``'s (bin, rows) in order) as one shared blob at
+        ``offset``, recording the bins' entries."""
+        if self.between is not None:
+            self.between()
+        blob = _ipc_bytes(table)
+        crc = zlib.crc32(blob)
+        first = 0
+        for b, rows in group:
+            entries[str(b)] = [offset, blob.size, crc, rows, first]
+            absolute[b] = [offset, blob.size, crc, rows, self.epoch, self.worker, first]
+            first += rows
+        return blob
+
+    def _split_blobs(self, split: BinSplit, chosen: np.ndarray, offset: int,
+                     entries: dict[str, list[int]], absolute: dict[int, Entry],
+                     ) -> Iterable[pa.Buffer]:
+        """``_groups`` for a ``BinSplit``: each run of ``chosen`` bins is one slice of its
+        table, serialized without a table object per bin."""
+        bins, starts, rows = split.bins.tolist(), split.starts.tolist(), split.rows().tolist()
+        for i, j in _packs(split, chosen):
+            table = split.table.slice(starts[i], starts[j - 1] + rows[j - 1] - starts[i])
+            blob = self._blob(table, zip(bins[i:j], rows[i:j], strict=True), offset, entries,
+                              absolute)
+            offset += blob.size
+            yield blob
+
     def chunks(self) -> Iterable[Any]:
         offset = 0
         encoder = _Encoder()
@@ -457,12 +511,25 @@ class _BlobWriter:
             before = self.previous.get(state, {})
             if state in self.changed:
                 self._keep_unchanged(state, entries, absolute)
-                grouped, single = per_bin, []
+            blobs: Iterable[pa.Buffer]
+            single: Iterable[tuple[int, pa.Table]]
+            if isinstance(per_bin, BinSplit):
+                rows = per_bin.rows()
+                if state in self.changed or not len(rows):
+                    chosen = np.ones(len(rows), dtype=bool)
+                else:  # small bins shared, large ones compared with ``previous``
+                    per_row = per_bin.table.nbytes / int(rows.sum())
+                    chosen = rows * per_row < SMALL_BIN_BYTES
+                blobs = self._split_blobs(per_bin, chosen, offset, entries, absolute)
+                single = ((b, per_bin[b]) for b in per_bin.bins[~chosen].tolist())
+            elif state in self.changed:
+                blobs, single = self._groups(state, per_bin, offset, entries, absolute), []
             else:  # a full capture: small bins shared, large ones compared with ``previous``
                 small = _small_bins(per_bin)
-                grouped = [(b, t) for b, t in per_bin if b in small]
+                blobs = self._groups(state, [(b, t) for b, t in per_bin if b in small], offset,
+                                     entries, absolute)
                 single = [(b, t) for b, t in per_bin if b not in small]
-            for blob in self._groups(state, grouped, offset, entries, absolute):
+            for blob in blobs:
                 offset += blob.size
                 pending.append(blob)
                 pending_size += blob.size
@@ -472,6 +539,8 @@ class _BlobWriter:
             for b, table in single:
                 if table.num_rows == 0:
                     continue
+                if self.between is not None:
+                    self.between()
                 pieces = encoder.pieces(table)
                 size, crc = 0, 0
                 for piece in pieces:
@@ -495,7 +564,7 @@ class _BlobWriter:
             yield b"".join(pending)
 
 
-def _checked_changes(checked: list[tuple[str, list[tuple[int, pa.Table]]]],
+def _checked_changes(checked: _Checked,
                      changed: Mapping[str, Iterable[int] | None] | None,
                      previous: Mapping[str, Mapping[int, Sequence[int]]] | None,
                      bins: int) -> dict[str, set[int]]:
@@ -520,7 +589,9 @@ def _checked_changes(checked: list[tuple[str, list[tuple[int, pa.Table]]]],
         out[state] = marked
     for state, per_bin in checked:
         if state in out:
-            extra = sorted(b for b, _ in per_bin if b not in out[state])
+            given = per_bin.bins.tolist() if isinstance(per_bin, BinSplit) else \
+                [b for b, _ in per_bin]
+            extra = sorted(b for b in given if b not in out[state])
             if extra:
                 raise ValueError(f"state {state!r}: bins {extra[:5]} exported but not marked "
                                  f"changed")
@@ -532,7 +603,8 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
                       meta: Mapping[str, Any] | None = None,
                       filesystem: pafs.FileSystem | None = None,
                       previous: Mapping[str, Mapping[int, Sequence[int]]] | None = None,
-                      changed: Mapping[str, Iterable[int] | None] | None = None) -> WorkerPart:
+                      changed: Mapping[str, Iterable[int] | None] | None = None,
+                      between: Callable[[], None] | None = None) -> WorkerPart:
     """Write ``worker``'s part of the snapshot at ``epoch``: its ``.bins`` blobs, then its
     ``.json`` index, each atomically; writing the same part again replaces it.
 
@@ -554,6 +626,8 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
             only (a changed bin without a table, or with an empty one, is gone), and every
             other bin of the state's ``previous`` entries is referenced without being
             serialized; None for a state (or no ``changed``): ``states`` holds all its bins.
+        between: called before each blob is serialized (a writer on a worker's background
+            thread waits there while the worker is busy: ``tokenflow.control``).
 
     Returns:
         The ``WorkerPart`` to pass to ``commit_snapshot``.
@@ -579,7 +653,7 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
         raise SnapshotError(f"{manifest}: the snapshot at epoch {epoch} is already committed; "
                             f"its parts cannot be rewritten")
     _make_dir(fs, base, directory)
-    blobs = _BlobWriter(checked, epoch, worker, previous, incremental)
+    blobs = _BlobWriter(checked, epoch, worker, previous, incremental, between)
     bins_size, bins_crc = _write_file(fs, directory, _part_name(worker, "bins"), blobs.chunks())
     crash_point("snapshot.part")
     index = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins, "worker": worker,

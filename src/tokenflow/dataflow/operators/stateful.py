@@ -89,7 +89,7 @@ class PendingRecords(BinnedState):
         for time, batches in self.by_time.items():
             for batch in batches:
                 if isinstance(batch, list):
-                    split: dict[int, Any] = group_by_bin(batch, self._bins(batch), bins)
+                    split: Mapping[int, Any] = group_by_bin(batch, self._bins(batch), bins)
                 else:
                     table = batch if isinstance(batch, pa.Table) else pa.Table.from_batches([batch])
                     split = split_by_bin(table, self._bins(batch), bins)
