@@ -259,6 +259,32 @@ def test_blob_that_does_not_decode(tmp_path):
     assert bins_path in str(err.value) and "bin 2" in str(err.value)
 
 
+@pytest.mark.parametrize("entry", [[-1, 10, 0, 1], [True, 10, 0, 1], [0, 1.5, 0, 1], [0, 10, 0],
+                                   [0, 10, 0, 1, 2, 3, 4, 5], {"offset": 0}, "0,10,0,1"])
+def test_a_malformed_index_entry_under_a_valid_checksum_is_named(tmp_path, entry):
+    """Entries are checked one by one for shape and all at once for values: either way the
+    error names the file, state and bin."""
+    write_snapshot(tmp_path, 1)
+    index_path = part_path(tmp_path, 1, 0, "json")
+    with open(index_path) as f:
+        index = json.load(f)
+    state = sorted(index["states"])[0]
+    b = sorted(index["states"][state], key=int)[-1]
+    index["states"][state][b] = entry
+    data = json.dumps(index).encode()
+    with open(index_path, "wb") as f:
+        f.write(data)
+    manifest_path = os.path.join(snapshot_dir(str(tmp_path), 1), "MANIFEST.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["parts"]["0"] = zlib.crc32(data)
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+    with pytest.raises(SnapshotError, match=f"state {state!r}: malformed entry for bin '{b}'") as err:
+        Snapshot.open(tmp_path)
+    assert index_path in str(err.value)
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip", "delete"])
 def test_damaged_worker_index_fails_open(tmp_path, damage):
     write_snapshot(tmp_path, 1)

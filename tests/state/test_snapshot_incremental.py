@@ -105,3 +105,28 @@ def test_a_corrupt_referenced_file_is_named(tmp_path):
         Snapshot.open(tmp_path, 2).verify()
     with pytest.raises(SnapshotError, match="snapshot-00000000000000000001/worker-00001.bins"):
         Snapshot.open(tmp_path, 2).read("s", range(BINS))
+
+
+def test_a_commit_remembers_the_files_its_snapshot_reads(tmp_path, monkeypatch):
+    """``prune`` after a commit uses the files the commit found in the indexes it checked
+    (the same as ``Snapshot.files``), without opening the snapshot again."""
+    import tokenflow.state.snapshot as snapshot
+
+    monkeypatch.setattr(snapshot, "_FILES", {})
+    previous: dict = {}
+    versions = dict.fromkeys(range(BINS), 0)
+    for epoch in range(4):
+        versions[epoch] = epoch
+        checkpoint(tmp_path, epoch, versions, previous)
+        remembered = [f for k, f in snapshot._FILES.items() if k[1] == epoch]
+        assert remembered == [frozenset(Snapshot.open(tmp_path, epoch).files())]
+        assert (0, 1) in remembered[0] and (epoch, 0) in remembered[0]
+    opened: list = []
+    real_open = snapshot.Snapshot.open
+    monkeypatch.setattr(snapshot.Snapshot, "open", lambda *a, **k: opened.append(a))
+    assert prune(tmp_path, keep=2) == [0, 1]
+    assert opened == []
+    monkeypatch.setattr(snapshot.Snapshot, "open", real_open)
+    assert read_versions(tmp_path) == versions
+    for kept in (2, 3):
+        Snapshot.open(tmp_path, kept).verify()  # the files of epochs 0 and 1 they read stayed

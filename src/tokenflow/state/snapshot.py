@@ -665,15 +665,17 @@ def write_worker_part(root: str | os.PathLike[str], *, job: str, epoch: int, wor
 
 
 def _check_parts(fs: pafs.FileSystem, directory: str, job: str, epoch: int, bins: int,
-                 routing: RoutingTable, parts: Sequence[WorkerPart]) -> None:
+                 routing: RoutingTable, parts: Sequence[WorkerPart]) -> set[tuple[int, int]]:
     """Every roster member has exactly one part, whose index is in place, unchanged (crc32)
-    and of this job, epoch, bin count and worker."""
+    and of this job, epoch, bin count and worker.  Returns ``(epoch, worker)`` of every
+    ``.bins`` file the parts read blobs from (``Snapshot.files``)."""
     workers = [p.worker for p in parts]
     if len(set(workers)) != len(workers):
         raise SnapshotError(f"{directory}: several parts for one worker: {sorted(workers)}")
     if set(workers) != set(routing.roster):
         raise SnapshotError(f"{directory}: parts of workers {sorted(workers)} do not match the "
                             f"routing table's roster {list(routing.roster)}")
+    files: set[tuple[int, int]] = set()
     for part in parts:
         path = _join(directory, _part_name(part.worker, "json"))
         if part.index_path != path:
@@ -683,7 +685,11 @@ def _check_parts(fs: pafs.FileSystem, directory: str, job: str, epoch: int, bins
         if zlib.crc32(data) != part.crc32:
             raise SnapshotError(f"{path}: index changed after it was written (crc32 "
                                 f"{zlib.crc32(data):#010x}, part says {part.crc32:#010x})")
-        _parse_index(path, data, job=job, epoch=epoch, bins=bins, worker=part.worker)
+        index = _parse_index(path, data, job=job, epoch=epoch, bins=bins, worker=part.worker)
+        files.add((epoch, part.worker))
+        for entries in index.states.values():
+            files.update((e[4], e[5]) for e in entries.values() if len(e) >= 6)
+    return files
 
 
 def commit_snapshot(root: str | os.PathLike[str], *, job: str, epoch: int, bins: int,
@@ -714,7 +720,7 @@ def commit_snapshot(root: str | os.PathLike[str], *, job: str, epoch: int, bins:
     meta_doc = _json_object(meta, "snapshot meta")
     fs, base = _resolve(root, filesystem)
     directory = _join(base, name)
-    _check_parts(fs, directory, job, epoch, bins, routing, parts)
+    files = _check_parts(fs, directory, job, epoch, bins, routing, parts)
     ordered = sorted(parts, key=lambda p: p.worker)
     manifest = {"format": FORMAT, "job": job, "epoch": epoch, "bins": bins,
                 "routing": routing.to_json(), "workers": [p.worker for p in ordered],
@@ -722,6 +728,7 @@ def commit_snapshot(root: str | os.PathLike[str], *, job: str, epoch: int, bins:
                 "created": datetime.now(UTC).isoformat()}
     crash_point("snapshot.commit")
     _write_file(fs, directory, MANIFEST, [_dumps(manifest)])
+    _remember_files(fs, _join(directory, MANIFEST), epoch, frozenset(files))
     return _join(directory, MANIFEST)
 
 
@@ -783,21 +790,39 @@ def _referenced(fs: pafs.FileSystem, base: str, epochs: Iterable[int]) -> set[tu
     from (their own and earlier ones); unreadable snapshots reference nothing."""
     out: set[tuple[int, int]] = set()
     for epoch in epochs:
-        info = fs.get_file_info(_join(_join(base, _dir_name(epoch)), MANIFEST))
-        key = (f"{type(fs).__name__}:{info.path}", epoch, info.mtime_ns, info.size)
-        cached = info.type == pafs.FileType.File and info.mtime_ns is not None
-        files = _FILES.get(key) if cached else None
+        manifest = _join(_join(base, _dir_name(epoch)), MANIFEST)
+        key = _files_key(fs, manifest, epoch)
+        files = None if key is None else _FILES.get(key)
         if files is None:
             try:
                 files = frozenset(Snapshot.open(base, epoch, filesystem=fs).files())
             except SnapshotError:
                 continue
-            if cached:
-                if len(_FILES) >= _FILES_KEPT:
-                    _FILES.pop(next(iter(_FILES)))
-                _FILES[key] = files
+            _remember_files(fs, manifest, epoch, files)
         out |= files
     return out
+
+
+def _files_key(fs: pafs.FileSystem, manifest: str,
+               epoch: int) -> tuple[str, int, int | None, int | None] | None:
+    """``_FILES``'s key of the snapshot whose manifest is at ``manifest``; None where the
+    filesystem gives no modification time (nothing is remembered there)."""
+    info = fs.get_file_info(manifest)
+    if info.type != pafs.FileType.File or info.mtime_ns is None:
+        return None
+    return (f"{type(fs).__name__}:{info.path}", epoch, info.mtime_ns, info.size)
+
+
+def _remember_files(fs: pafs.FileSystem, manifest: str, epoch: int,
+                    files: frozenset[tuple[int, int]]) -> None:
+    """Remember the files of the committed snapshot at ``manifest`` (``_FILES``): the commit
+    knows them from the indexes it checked, so the prune after it parses none again."""
+    key = _files_key(fs, manifest, epoch)
+    if key is None:
+        return
+    if len(_FILES) >= _FILES_KEPT:
+        _FILES.pop(next(iter(_FILES)))
+    _FILES[key] = files
 
 
 def prune(root: str | os.PathLike[str], keep: int = 2,
@@ -867,14 +892,24 @@ def _parse_entries(path: str, state: str, entries: Any, bins: int) -> dict[int, 
     if not isinstance(entries, dict):
         raise SnapshotError(f"{path}: state {state!r} is not a JSON object")
     out = {}
+    values: list[Any] = []
     for key, entry in entries.items():
-        ok = (isinstance(entry, list) and len(entry) in (4, 5, 6, 7)
-              and all(isinstance(x, int) and not isinstance(x, bool) and x >= 0 for x in entry))
-        if not ok or not key.isdigit() or int(key) >= bins:
-            raise SnapshotError(f"{path}: state {state!r}: malformed entry for bin {key!r:.20}: "
-                                f"{entry!r:.80}")
+        if type(entry) is not list or len(entry) not in (4, 5, 6, 7) or not key.isdigit() \
+                or int(key) >= bins:
+            raise _malformed_entry(path, state, key, entry)
         out[int(key)] = entry
+        values += entry
+    # every value an int >= 0, checked at once (an index holds thousands of entries)
+    if not set(map(type, values)) <= {int} or (values and min(values) < 0):
+        key, entry = next((k, e) for k, e in entries.items()
+                          if not all(type(x) is int and x >= 0 for x in e))
+        raise _malformed_entry(path, state, key, entry)
     return out
+
+
+def _malformed_entry(path: str, state: str, key: str, entry: Any) -> SnapshotError:
+    return SnapshotError(f"{path}: state {state!r}: malformed entry for bin {key!r:.20}: "
+                         f"{entry!r:.80}")
 
 
 def _parse_index(path: str, data: bytes, *, job: str, epoch: int, bins: int, worker: int) -> _Index:
