@@ -35,7 +35,9 @@ bins are packed into shared blobs: consecutive bins of one schema up to ``GROUP_
 IPC stream (one record batch), whose entries all name the stream and add the bin's first row
 in it.  A windowed query's checkpoint changes thousands of bins of a few hundred bytes each,
 whose serialization one by one cost tens of ms of the worker's interpreter; a group is
-serialized in one call.  A full capture (a state that does not record its changes) packs its
+serialized in one call.  A state handed over as a ``BinSplit`` (``split_by_bin``: rows
+ordered by bin) is packed by runs of consecutive bins, each one slice of its table, without
+a table object per bin.  A full capture (a state that does not record its changes) packs its
 small bins (``SMALL_BIN_BYTES``) the same way, rewritten at every checkpoint, and gives its
 larger bins a blob each, found unchanged by checksum.  A reader decodes a shared blob once and
 slices each bin's rows.  ``prune`` keeps
