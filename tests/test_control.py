@@ -138,7 +138,7 @@ def test_a_command_waits_for_an_unconnected_worker_only_as_long_as_its_own_timeo
 
 
 def test_a_worker_is_parked_only_while_it_waits_with_nothing_to_run() -> None:
-    """``Worker.parked`` is what a checkpoint's writer waits for (``_when_parked``)."""
+    """``Worker.parked`` is what a checkpoint's writer waits for (``_WhenParked``)."""
     from tokenflow.comm.manual import ManualAllocator, ManualFabric
     from tokenflow.worker import Worker
 
@@ -156,21 +156,30 @@ def test_a_worker_is_parked_only_while_it_waits_with_nothing_to_run() -> None:
     assert seen == [True] and not worker.parked
 
 
-def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bound(monkeypatch) -> None:
-    """Before each piece of a checkpoint's write: at once when the worker is parked; else
-    until it parks, or ``WRITER_WAIT`` has passed (a worker that never parks)."""
+def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bounds(monkeypatch) -> None:
+    """Before a piece of a checkpoint's write: at once when the worker is parked; else until
+    it parks, or ``WRITER_WAIT`` has passed; and over a whole part no longer than
+    ``WRITER_WAIT_TOTAL`` (a worker that never parks still gets its part written)."""
     import tokenflow.control as control
 
     class Busy:
         parked = False
 
+    monkeypatch.setattr(control, "WRITER_PIECE", 0.0)
     monkeypatch.setattr(control, "WRITER_WAIT", 0.05)
+    monkeypatch.setattr(control, "WRITER_WAIT_TOTAL", 30.0)
     began = time.monotonic()
-    control._when_parked(Busy())()
+    control._WhenParked(Busy())()
     assert time.monotonic() - began >= 0.05
     idle = Busy()
     idle.parked = True
     monkeypatch.setattr(control, "WRITER_WAIT", 30.0)  # it would wait this long if it waited
     began = time.monotonic()
-    control._when_parked(idle)()
+    control._WhenParked(idle)()
     assert time.monotonic() - began < 5.0
+    monkeypatch.setattr(control, "WRITER_WAIT", 0.05)
+    monkeypatch.setattr(control, "WRITER_WAIT_TOTAL", 0.1)
+    gate, began = control._WhenParked(Busy()), time.monotonic()
+    for _ in range(60):  # 3 s of waits without the total bound
+        gate()
+    assert 0.1 <= time.monotonic() - began < 2.0

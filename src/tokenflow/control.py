@@ -324,25 +324,42 @@ def _short_switch_interval() -> Iterator[None]:
 
 
 WRITER_WAIT = 0.025
-"""Seconds a checkpoint's writer waits, before each piece of its work (splitting the states,
+"""Seconds a checkpoint's writer waits, before a piece of its work (splitting the states,
 serializing a blob), for its worker to park (``Worker.parked``: nothing to run), unless it
 parks sooner.  The writer runs on the worker's interpreter; while both want it they share it,
 and an epoch that arrived during a write took as long again: q5 at half load, with a
 checkpoint every second, the epoch of each checkpoint took 10-30 ms where the others took
 about 1 ms, and 0.6-4 ms when the writer started 200 ms later instead (one run each).  At
-half load a worker parks most of the time, so the write goes on in its idle moments; a
-worker that never parks (full load) still lets a piece through every ``WRITER_WAIT``."""
+half load a worker parks most of the time, so the write goes on in its idle moments."""
+WRITER_WAIT_TOTAL = 0.2
+"""Seconds a writer waits for its worker to park over one part at most, after which it
+writes on without waiting: a worker that never parks (full load) still gets its part
+written, about this much later, and the next checkpoint's capture (which waits for the part
+in flight) is not held up."""
+WRITER_PIECE = 0.001
+"""Seconds of work a writer does between two waits: pieces shorter than this (a small
+blob) follow each other without one."""
 
 
-def _when_parked(worker: Any) -> Callable[[], None]:
-    """The wait a writer of ``worker``'s part makes before each piece (``WRITER_WAIT``)."""
+class _WhenParked:
+    """The wait a writer of ``worker``'s part makes before each piece of its work
+    (``WRITER_WAIT``, ``WRITER_WAIT_TOTAL``, ``WRITER_PIECE``)."""
 
-    def wait() -> None:
-        deadline = time.monotonic() + WRITER_WAIT
-        while not getattr(worker, "parked", True) and time.monotonic() < deadline:
+    def __init__(self, worker: Any) -> None:
+        self._worker = worker
+        self._waited = 0.0
+        self._since: float | None = None  # when the last wait ended
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if (self._since is not None and now - self._since < WRITER_PIECE) \
+                or self._waited >= WRITER_WAIT_TOTAL:
+            return
+        deadline = now + min(WRITER_WAIT, WRITER_WAIT_TOTAL - self._waited)
+        while not getattr(self._worker, "parked", True) and time.monotonic() < deadline:
             time.sleep(0.0002)
-
-    return wait
+        self._since = time.monotonic()
+        self._waited += self._since - now
 
 
 ALIGNED_ATTEMPTS = 2
@@ -498,7 +515,7 @@ class ControlAgent:
             reply["phases"] = {**phases, "capture": time.monotonic() - began}
         self.link.send(reply)
 
-        between = _when_parked(worker)
+        between = _WhenParked(worker)
 
         def write() -> None:
             try:
