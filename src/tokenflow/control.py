@@ -55,9 +55,11 @@ Commands (driver -> workers) and replies (workers -> driver):
     (aligned) the worker's barrier goes up at its point (without a source: below every
     time); reply ``held`` with ``point`` (the greatest such epoch of the worker's sources, or
     None without sources), ``granularity`` (the least common multiple of its sources' epoch
-    lengths: the common pause epoch must be a boundary of all) and ``align`` (false with
+    lengths: the common pause epoch must be a boundary of all), ``align`` (false with
     migrating operators: the driver then takes the snapshot by the quiescent protocol, whose
-    ``pause_at`` lowers the barrier).
+    ``pause_at`` lowers the barrier) and (aligned) ``busy``, the times at or after its point
+    at which operators hold tokens, which the driver does not choose as the epoch
+    (``BUSY_TIMES``).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
     sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
     to ``epoch``; the worker steps on and, once aligned (above), captures its part as
@@ -362,6 +364,15 @@ class _WhenParked:
         self._waited += self._since - now
 
 
+BUSY_TIMES = 16
+"""An aligned checkpoint's epoch is not a time at which an operator holds a token (``hold``
+replies ``busy``, the first this many such times at or after the worker's point;
+``Worker.token_times``): such an operator (a window ending there) sends at that time as soon
+as the job has finished the epochs before it, which is during the alignment, and the receiver
+holds the record back at its barrier, so the captures were not a consistent cut and the
+checkpoint was taken again (q5, windows sliding by 5 epochs: 1-4 of the 9 checkpoints of a
+10 s run at half load).  The epoch moves on by the sources' granularity, at most this many
+times."""
 ALIGNED_ATTEMPTS = 2
 """Aligned attempts a snapshot makes before the quiescent protocol, when their captures are
 not a consistent cut.  The quiescent protocol stops every source until the job drains, which
@@ -629,11 +640,14 @@ class ControlAgent:
                     point += margin * int(source.granularity)
                     source.pause_at(point)
                     points.append(point)
+            busy: list[int] = []
             if message.get("barrier"):  # an aligned snapshot: hold later records until it
                 worker.traffic.barrier = max(points) if points else _EVERYTHING
+                if points:
+                    busy = sorted(worker.token_times(min(points)))[:BUSY_TIMES]
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
                             "point": max(points) if points else None, "granularity": step,
-                            "align": not getattr(worker, "rescalers", ())})
+                            "align": not getattr(worker, "rescalers", ()), "busy": busy})
         elif kind == "checkpoint":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
@@ -918,6 +932,12 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
     step = math.lcm(*(int(r.get("granularity", 1)) for r in held.values()))
     epoch = max(points) if points else 0
     epoch = -(-epoch // step) * step  # a boundary of every source's granularity
+    if aligned:  # not at a time an operator holds a token at: it sends there while aligning
+        busy = {int(t) for r in held.values() for t in r.get("busy", ())}
+        for _ in range(BUSY_TIMES):
+            if epoch not in busy:
+                break
+            epoch += step
     if previous is not None and epoch <= previous:
         # nothing new since the previous snapshot: it stands for this one
         send_all("stop" if stop else "resume")

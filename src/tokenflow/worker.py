@@ -630,6 +630,26 @@ class Worker:
                             return False
         return True
 
+    def token_times(self, since: int) -> set[int]:
+        """The times at or after ``since`` (outermost coordinates) at which operators other
+        than this worker's sources hold tokens, in this worker's view of every running
+        dataflow (every worker's tokens: progress tracking), e.g. the ends of a window
+        operator's open windows: times at which they may still send.  An aligned checkpoint
+        avoids them (``tokenflow.control``)."""
+        sources = {tuple(h.path) for h in self.sources.values() if getattr(h, "path", ())}
+        out: set[int] = set()
+        for index, subgraph in self._dataflows.items():
+            for node, per_op in enumerate(subgraph.tracker.per_operator):
+                if not node or (index, node) in sources:
+                    continue
+                for info in per_op.sources:
+                    for t in info.pointstamps.positive():
+                        while isinstance(t, tuple):
+                            t = t[0]
+                        if t >= since:
+                            out.add(int(t))
+        return out
+
     def frontiers(self) -> dict[str, dict[str, list[Any]]]:
         """Per running dataflow, the input frontier of each top-level operator (by name).
 

@@ -692,3 +692,32 @@ def test_capability_copy_and_bookkeeping() -> None:
         x.drop()
     assert counts(internal) == {}
     assert "dropped" in repr(c)
+
+
+def test_token_times_are_the_operators_tokens_not_the_sources() -> None:
+    """``Worker.token_times``: every time (not only the least) at which an operator holds a
+    token, at or after the bound; the input's own token is left out."""
+    held: list[Capability] = []
+
+    def ctor(cap: Capability, info: OperatorInfo) -> Logic:
+        cap.drop()
+
+        def logic(inp: OperatorInput, out: OperatorOutput) -> None:
+            for ref, _ in inp:
+                held.extend(ref.delayed(t) for t in (10, 15, 20))
+
+        return logic
+
+    worker, inp = run_unary(ctor, "Windows", [(4, ["x"])], close=False)
+    inp.advance_to(6)
+    settle(worker, 3)
+    assert worker.token_times(0) == {10, 15, 20}  # the input's token at 6 is not one
+    assert worker.token_times(15) == {15, 20}
+    for cap in held[:2]:
+        cap.drop()
+    settle(worker, 3)
+    assert worker.token_times(0) == {20}
+    for cap in held[2:]:
+        cap.drop()
+    inp.close()
+    settle(worker)

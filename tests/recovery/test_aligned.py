@@ -174,6 +174,10 @@ def test_sigkill_during_an_aligned_checkpoint_is_recovered(tmp_path: Path, table
 
 
 
+BUSY = {0: [10, 11, 13, 20], 1: [12]}
+"""``busy`` (``fake_worker``): the times at which each worker's view has operator tokens."""
+
+
 def fake_worker(hub: Any, w: int, how: str) -> None:
     """A worker that speaks the control protocol without a job: its aligned capture never
     comes (``stuck``) or reports counters that do not add up (``crossed``: a record sent before
@@ -198,7 +202,13 @@ def fake_worker(hub: Any, w: int, how: str) -> None:
         kind, r = m["kind"], m["round"]
         reply: dict[str, Any] = {"worker": w, "round": r}
         if kind == "hold":
-            link.send({**reply, "kind": "held", "point": 10 + sent, "granularity": 1})
+            busy = BUSY[w] if how == "busy" else []
+            link.send({**reply, "kind": "held", "point": 10 + sent, "granularity": 1,
+                       "busy": busy})
+        elif kind == "checkpoint" and how == "busy":
+            link.send({**reply, "kind": "captured", "epoch": m["epoch"], "sent": 0,
+                       "received": 0, "settled": True})
+            write(m, reply)
         elif kind == "checkpoint" and how.startswith("crossed"):
             attempts += 1
             crossed = how == "crossed" or attempts == 1
@@ -280,3 +290,25 @@ def test_an_input_sets_aside_records_at_the_barrier_and_hands_over_those_behind_
         assert held is inp
     assert [(ref.time, batch) for ref, batch in inp] == [(12, ["after"])]
     assert traffic.received == 3
+
+
+def test_an_aligned_checkpoint_is_not_taken_at_a_time_an_operator_holds_a_token_at(
+        tmp_path: Path) -> None:
+    """The common epoch skips the times the workers report ``busy`` (an operator would send
+    there during the alignment): points 10, busy 10-13 (over both workers), so epoch 14."""
+    import threading
+
+    from tokenflow.control import QueueHub
+    from tokenflow.state.bins import RoutingTable
+
+    hub = QueueHub(2)
+    threads = [threading.Thread(target=fake_worker, args=(hub, w, "busy"), daemon=True)
+               for w in (0, 1)]
+    for t in threads:
+        t.start()
+    stats: list = []
+    epoch = take_snapshot(hub, [0, 1], str(tmp_path / "snap"), NAME, RoutingTable.even(2, 64),
+                          stop=True, stats=stats, align_timeout=5.0)
+    for t in threads:
+        t.join(10)
+    assert epoch == 14 and stats[0].protocol == "aligned" and not stats[0].discarded

@@ -152,6 +152,10 @@ class MutableAntichain:
         """The accumulated count of ``time`` (not of times ≤ it)."""
         return self._counts.get(time, 0)
 
+    def positive(self) -> list[Any]:
+        """Every element with a positive count, not only the minimal ones (unordered)."""
+        return [t for t, c in self._counts.items() if c > 0]
+
     def update_iter(self, updates: Iterable[tuple[Any, int]]) -> list[tuple[Any, int]]:
         """Apply ``updates``; return the changes to the frontier as ``(time, +1 | -1)``.
 
