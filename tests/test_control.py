@@ -154,6 +154,19 @@ def test_a_worker_is_parked_only_while_it_waits_with_nothing_to_run() -> None:
     worker.activations.activate((0,))
     worker.step_or_park(0.0)  # something to run: no park
     assert seen == [True] and not worker.parked
+    # a thread waiting for the park wakes when it comes, not at its timeout
+    import threading
+
+    woke: list[float] = []
+    waiter = threading.Thread(target=lambda: woke.append(
+        (worker.wait_parked(30.0), time.monotonic())[1]))
+    waiter.start()
+    time.sleep(0.2)  # the waiter is blocked on the event by now (or sees the park at once)
+    parked_at = time.monotonic()
+    worker.step_or_park(0.0)
+    waiter.join(10)
+    assert woke and woke[0] - parked_at < 10.0
+    assert not worker.wait_parked(0.01)  # no longer parked
 
 
 def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bounds(monkeypatch) -> None:
@@ -164,6 +177,11 @@ def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bounds(mo
 
     class Busy:
         parked = False
+
+        def wait_parked(self, timeout: float) -> bool:
+            if not self.parked:
+                time.sleep(timeout)
+            return self.parked
 
     monkeypatch.setattr(control, "WRITER_PIECE", 0.0)
     monkeypatch.setattr(control, "WRITER_WAIT", 0.05)

@@ -357,9 +357,9 @@ class _WhenParked:
         if (self._since is not None and now - self._since < WRITER_PIECE) \
                 or self._waited >= WRITER_WAIT_TOTAL:
             return
-        deadline = now + min(WRITER_WAIT, WRITER_WAIT_TOTAL - self._waited)
-        while not getattr(self._worker, "parked", True) and time.monotonic() < deadline:
-            time.sleep(0.0002)
+        wait = getattr(self._worker, "wait_parked", None)
+        if wait is not None:
+            wait(min(WRITER_WAIT, WRITER_WAIT_TOTAL - self._waited))
         self._since = time.monotonic()
         self._waited += self._since - now
 

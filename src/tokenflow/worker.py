@@ -8,6 +8,7 @@ returns whether any dataflow is still running.
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -211,7 +212,8 @@ class Worker:
         self.parked = False
         """True while the worker waits in ``step_or_park`` with nothing to run: read from
         another thread, e.g. a checkpoint's writer, which works while it is set
-        (``tokenflow.control``)."""
+        (``tokenflow.control``; ``wait_parked``)."""
+        self._parked_event: threading.Event | None = None  # made by the first ``wait_parked``
         self.metrics: dict[str, int] = {"records_in": 0}
         """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
 
@@ -565,11 +567,26 @@ class Worker:
         ``step()`` (timely's order: park first, so a step's effects are seen at once)."""
         if self.activations.is_empty():
             self.parked = True
+            event = self._parked_event
+            if event is not None:
+                event.set()
             try:
                 self.allocator.park(timeout)
             finally:
                 self.parked = False
+                if event is not None:
+                    event.clear()
         return self.step()
+
+    def wait_parked(self, timeout: float) -> bool:
+        """From another thread: block until this worker parks (``parked``), for at most
+        ``timeout`` seconds; True when it is parked.  Blocks on an event the worker sets as it
+        parks, so the waiting thread does not wake (and ask the worker's thread for the
+        interpreter) until then."""
+        event = self._parked_event
+        if event is None:
+            event = self._parked_event = threading.Event()
+        return self.parked or event.wait(timeout)
 
     def step_while(self, condition: Callable[[], bool]) -> None:
         """Step until ``condition()`` is false.
