@@ -227,15 +227,11 @@ def fake_worker(hub: Any, w: int, how: str) -> None:
             sent += 1
 
 
-@pytest.mark.parametrize("how", ["stuck", "crossed", "crossed-once"])
-def test_an_aligned_checkpoint_that_fails_is_taken_again_by_the_quiescent_protocol(
-        tmp_path: Path, how: str) -> None:
-    """Captures that are not a consistent cut are tried again aligned at a later epoch, up to
-    ``ALIGNED_ATTEMPTS`` in all, then quiescent; an alignment that does not complete goes
-    quiescent at once."""
+def snapshot_of_fake_workers(tmp_path: Path, how: str, align_timeout: float) -> tuple[Any, list]:
+    """``take_snapshot`` (stopping) of two ``fake_worker`` threads; its epoch and stats."""
     import threading
 
-    from tokenflow.control import ALIGNED_ATTEMPTS, QueueHub
+    from tokenflow.control import QueueHub
     from tokenflow.state.bins import RoutingTable
 
     hub = QueueHub(2)
@@ -245,9 +241,21 @@ def test_an_aligned_checkpoint_that_fails_is_taken_again_by_the_quiescent_protoc
         t.start()
     stats: list = []
     epoch = take_snapshot(hub, [0, 1], str(tmp_path / "snap"), NAME, RoutingTable.even(2, 64),
-                          stop=True, stats=stats, align_timeout=0.5)
+                          stop=True, stats=stats, align_timeout=align_timeout)
     for t in threads:
         t.join(10)
+    return epoch, stats
+
+
+@pytest.mark.parametrize("how", ["stuck", "crossed", "crossed-once"])
+def test_an_aligned_checkpoint_that_fails_is_taken_again_by_the_quiescent_protocol(
+        tmp_path: Path, how: str) -> None:
+    """Captures that are not a consistent cut are tried again aligned at a later epoch, up to
+    ``ALIGNED_ATTEMPTS`` in all, then quiescent; an alignment that does not complete goes
+    quiescent at once."""
+    from tokenflow.control import ALIGNED_ATTEMPTS
+
+    epoch, stats = snapshot_of_fake_workers(tmp_path, how, align_timeout=0.5)
     assert epoch is not None and committed_epochs(tmp_path / "snap") == [epoch]
     (s,) = stats
     if how == "crossed-once":
@@ -296,19 +304,5 @@ def test_an_aligned_checkpoint_is_not_taken_at_a_time_an_operator_holds_a_token_
         tmp_path: Path) -> None:
     """The common epoch skips the times the workers report ``busy`` (an operator would send
     there during the alignment): points 10, busy 10-13 (over both workers), so epoch 14."""
-    import threading
-
-    from tokenflow.control import QueueHub
-    from tokenflow.state.bins import RoutingTable
-
-    hub = QueueHub(2)
-    threads = [threading.Thread(target=fake_worker, args=(hub, w, "busy"), daemon=True)
-               for w in (0, 1)]
-    for t in threads:
-        t.start()
-    stats: list = []
-    epoch = take_snapshot(hub, [0, 1], str(tmp_path / "snap"), NAME, RoutingTable.even(2, 64),
-                          stop=True, stats=stats, align_timeout=5.0)
-    for t in threads:
-        t.join(10)
+    epoch, stats = snapshot_of_fake_workers(tmp_path, "busy", align_timeout=5.0)
     assert epoch == 14 and stats[0].protocol == "aligned" and not stats[0].discarded

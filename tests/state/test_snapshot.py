@@ -66,6 +66,27 @@ def part_path(root, epoch, worker, suffix):
     return os.path.join(snapshot_dir(str(root), epoch), f"worker-{worker:05d}.{suffix}")
 
 
+def read_index(root, epoch, worker):
+    with open(part_path(root, epoch, worker, "json")) as f:
+        return json.load(f)
+
+
+def rewrite_index(root, epoch, worker, index):
+    """Write ``index`` as the worker's index and sign it in the manifest (its crc32), as a
+    writer that wrote it so would have; returns the index's path."""
+    path = part_path(root, epoch, worker, "json")
+    data = json.dumps(index).encode()
+    with open(path, "wb") as f:
+        f.write(data)
+    manifest_path = os.path.join(snapshot_dir(str(root), epoch), "MANIFEST.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    manifest["parts"][str(worker)] = zlib.crc32(data)
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+    return path
+
+
 def blob_entry(root, epoch, worker, state, b):
     """``[offset, length, crc32, rows]`` of one blob, from the worker's index file."""
     with open(part_path(root, epoch, worker, "json")) as f:
@@ -237,22 +258,13 @@ def test_blob_that_does_not_decode(tmp_path):
     write_snapshot(tmp_path, 1)
     state = f"{JOB}/pickled"
     offset, length, _, rows = blob_entry(tmp_path, 1, 0, state, 2)
-    bins_path, index_path = part_path(tmp_path, 1, 0, "bins"), part_path(tmp_path, 1, 0, "json")
+    bins_path = part_path(tmp_path, 1, 0, "bins")
     with open(bins_path, "r+b") as f:
         f.seek(offset)
         f.write(b"\x07" * length)
-    with open(index_path) as f:
-        index = json.load(f)
+    index = read_index(tmp_path, 1, 0)
     index["states"][state]["2"] = [offset, length, zlib.crc32(b"\x07" * length), rows]
-    data = json.dumps(index).encode()
-    with open(index_path, "wb") as f:
-        f.write(data)
-    manifest_path = os.path.join(snapshot_dir(str(tmp_path), 1), "MANIFEST.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    manifest["parts"]["0"] = zlib.crc32(data)
-    with open(manifest_path, "w") as f:
-        json.dump(manifest, f)
+    rewrite_index(tmp_path, 1, 0, index)
     snap = Snapshot.open(tmp_path)
     with pytest.raises(SnapshotError, match="cannot decode") as err:
         snap.read(state, [1, 2])
@@ -265,21 +277,11 @@ def test_a_malformed_index_entry_under_a_valid_checksum_is_named(tmp_path, entry
     """Entries are checked one by one for shape and all at once for values: either way the
     error names the file, state and bin."""
     write_snapshot(tmp_path, 1)
-    index_path = part_path(tmp_path, 1, 0, "json")
-    with open(index_path) as f:
-        index = json.load(f)
+    index = read_index(tmp_path, 1, 0)
     state = sorted(index["states"])[0]
     b = sorted(index["states"][state], key=int)[-1]
     index["states"][state][b] = entry
-    data = json.dumps(index).encode()
-    with open(index_path, "wb") as f:
-        f.write(data)
-    manifest_path = os.path.join(snapshot_dir(str(tmp_path), 1), "MANIFEST.json")
-    with open(manifest_path) as f:
-        manifest = json.load(f)
-    manifest["parts"]["0"] = zlib.crc32(data)
-    with open(manifest_path, "w") as f:
-        json.dump(manifest, f)
+    index_path = rewrite_index(tmp_path, 1, 0, index)
     with pytest.raises(SnapshotError, match=f"state {state!r}: malformed entry for bin '{b}'") as err:
         Snapshot.open(tmp_path)
     assert index_path in str(err.value)
