@@ -674,3 +674,16 @@ def test_workers_exchange_their_addresses_through_the_coordinator(caplog: pytest
             r.close()
         coordinator.close()
     assert not server.is_alive()
+
+
+def test_a_held_reply_names_its_busy_times_as_a_short_list_of_ints() -> None:
+    """The busy times of a ``held`` reply (``tokenflow.control``) are checked like its other
+    fields: a list of at most 64 ints, or absent."""
+    from tokenflow.coordinator import ReportError, validate_reply
+
+    held = {"kind": "held", "worker": 0, "point": 10, "granularity": 1}
+    validate_reply(held)
+    validate_reply({**held, "busy": [10, 15]})
+    for bad in ([1.5], "10", [True], list(range(65)), {"10": 1}):
+        with pytest.raises(ReportError, match="bad 'busy'"):
+            validate_reply({**held, "busy": bad})

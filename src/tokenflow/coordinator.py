@@ -290,7 +290,9 @@ def validate_report(msg: dict[str, Any]) -> dict[str, Any]:
 
 _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
     "held": {"point": lambda v: v is None or _is_int(v), "granularity": lambda v: _is_int(v) and v >= 1,
-             "align": lambda v: v is None or isinstance(v, bool)},
+             "align": lambda v: v is None or isinstance(v, bool),
+             "busy": lambda v: v is None or (isinstance(v, list) and len(v) <= 64
+                                             and all(_is_int(t) for t in v))},
     "idle": {"sent": lambda v: _is_int(v) and v >= 0, "received": lambda v: _is_int(v) and v >= 0},
     "written": {"index_path": lambda v: isinstance(v, str), "crc32": lambda v: _is_int(v) and v >= 0,
                 "bytes_written": lambda v: _is_int(v) and v >= 0,
