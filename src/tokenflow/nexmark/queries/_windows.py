@@ -608,8 +608,9 @@ class ColumnarState(BinnedState):
         return self.export_later(bins)()
 
     def export_later(self, bins: Iterable[int] | None = None) -> Callable[[], Mapping[int, pa.Table]]:
-        """Gathers ``rows()`` now; the split by bin (about 3 us a bin: 2-4 ms of a q5
-        capture of 600-1,300 bins, against 0.5 ms for ``rows()``) runs when called."""
+        """Gathers ``rows()`` now; the split by bin (``split_by_bin``: one sort and one take
+        into a ``BinSplit``, about 1.5 ms for a q5 part of 13,000 rows in 3,917 bins, where a
+        table per bin cost 5.5 ms) runs when called."""
         parts = [Taken(t, h, t.num_rows > 0) for t, h in self.rows()]
         wanted = None if bins is None else list(bins)
         size, home = self.bins or 1, self.home_bin
