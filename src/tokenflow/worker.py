@@ -61,6 +61,14 @@ class Activations:
         return not self._active
 
 
+def outermost(time: Any) -> Any:
+    """A time's outermost coordinate: a nested scope's ``Product`` times nest the outer one
+    first; a top-level time is itself."""
+    while isinstance(time, tuple):
+        time = time[0]
+    return time
+
+
 class Traffic:
     """Records this worker's operators pushed into channels (``sent``: each record counted
     once per worker that receives it) and pulled out of them (``received``).  Summed over all
@@ -96,18 +104,14 @@ class Traffic:
         barrier = self.barrier
         if barrier is None:
             return False
-        while isinstance(time, tuple):
-            time = time[0]
-        return bool(time >= barrier)
+        return bool(outermost(time) >= barrier)
 
     def defers(self, time: Any) -> bool:
         """True while ``defer`` is set and ``time`` (its outermost coordinate) is before it."""
         defer = self.defer
         if defer is None:
             return False
-        while isinstance(time, tuple):
-            time = time[0]
-        return bool(time < defer)
+        return bool(outermost(time) < defer)
 
     def lift(self) -> list[Any]:
         """Take the barrier down; returns the inputs that held a message (wake their operators:
@@ -660,11 +664,8 @@ class Worker:
                 if not node or (index, node) in sources:
                     continue
                 for info in per_op.sources:
-                    for t in info.pointstamps.positive():
-                        while isinstance(t, tuple):
-                            t = t[0]
-                        if t >= since:
-                            out.add(int(t))
+                    out.update(int(t) for t in map(outermost, info.pointstamps.positive())
+                               if t >= since)
         return out
 
     def frontiers(self) -> dict[str, dict[str, list[Any]]]:
