@@ -16,7 +16,8 @@ shows the output frontier past ``t`` (no more output at times ``<= t`` can appea
 latency is ``max over workers(passed) - max over workers(sent)``, in ms.  A worker keeps at most
 ``lag`` of its epochs in flight (sent but not passed) by limiting its sources
 (``SourceHandle.limit``), so under full load an epoch's latency includes waiting behind up to
-``lag - 1`` others.  For a windowed query, whose rows carry their window's end time, an epoch
+``lag - 1`` others; without ``pace`` the limit is raised in halves of ``lag``
+(``closed_loop_limit``).  For a windowed query, whose rows carry their window's end time, an epoch
 passes as soon as no output at or before it can appear, which is before the window holding it
 closes.
 """
@@ -151,6 +152,32 @@ def file_plan(tables: dict[str, pa.Table], granularity_ms: int) -> list[tuple[in
     return [(int(t), 0, 0) for t in epochs]
 
 
+def closed_loop_limit(passed: int, sent: int, lag: int) -> int:
+    """How many epochs of the plan a worker's sources may have sent, in closed loop.
+
+    ``passed`` of its epochs have passed the probe and ``sent`` have been sent (``passed <=
+    sent``; a restored source can start with more than ``lag`` in flight).  At most ``lag``
+    epochs are released beyond ``passed``, and the sources are refilled in halves: nothing
+    more is released while fewer than ``max(1, lag // 2)`` could be, then the window is filled
+    up to ``passed + lag`` at once, so a source activation generates that many epochs
+    together.  Returns an index into the plan's epochs (``>= sent``).
+
+    Refilling one epoch as each one passed (what this replaced) let the epochs' grouping
+    depend on history: q8 at full load settled into two-epoch activations that finished
+    together (epoch p99 about 20 ms), and after any disturbance, such as a checkpoint's stop
+    at its epoch, into a mixture of one- and two-epoch activations for the rest of the run
+    (p99 about 26 ms; ``docs/ARCHITECTURE.md``, "Aligned checkpoints").
+
+    Raises:
+        ValueError: ``lag < 1``.
+    """
+    if lag < 1:
+        raise ValueError(f"lag must be >= 1 epoch, got {lag}")
+    if passed + lag - sent < max(1, lag // 2):
+        return sent
+    return passed + lag
+
+
 def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runtime: str = "thread",
               master: str | None = None, output: str | os.PathLike[str] | None = None,
               granularity_ms: int = 1000, lag: int = 4,
@@ -186,7 +213,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             ``tokenflow.io.read_committed``.
         granularity_ms: epoch length in ms of event time (the input's logical times are
             ``dateTime`` rounded down to a multiple of it).
-        lag: epochs a worker may have in flight (>= 1).
+        lag: epochs a worker may have in flight (>= 1); without ``pace`` its sources are
+            refilled in halves of it (``closed_loop_limit``).
         report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
         input: a directory with ``person``, ``auction`` and ``bid`` Parquet datasets (as
             ``tokenflow nexmark generate`` writes them); ``events`` and ``rate`` are then
@@ -393,10 +421,11 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 done_passing += 1
             if probe.done() or worker.stopped or worker.left:  # done, stopped, or it left
                 break
-            # at most ``lag`` of this worker's epochs in flight: sent but not passed
-            ahead = done_passing + lag
             park = 0.01
-            if offsets is not None:
+            if offsets is None:  # closed loop: refilled in halves of ``lag``
+                ahead = closed_loop_limit(done_passing, done_sending, lag)
+            else:  # at most ``lag`` of this worker's epochs in flight: sent but not passed
+                ahead = done_passing + lag
                 if paced_from is None and done_passing:
                     paced_from = passed[epoch_list[0]]
                 while paced_from is not None and due < len(offsets) \
@@ -558,5 +587,5 @@ def spark_reference(name: str, events: int, rate: int = 10_000, master: str | No
     return frame.sort_values(columns, kind="stable").reset_index(drop=True)
 
 
-__all__ = ["QueryResult", "epoch_plan", "file_plan", "run_query",
+__all__ = ["QueryResult", "closed_loop_limit", "epoch_plan", "file_plan", "run_query",
            "spark_reference"]
