@@ -16,8 +16,9 @@ Faults (picked round-robin, the moment at random):
 
 * ``worker``: SIGKILL of one worker process (process runtime: a child of the driver; Spark: a
   Python worker forked by the executor's daemon, ``tokenflow.spark.daemon`` on ``local[n]``)
-  at a random moment after the first checkpoint; the driver restarts the job from the latest
-  checkpoint by itself.
+  at a random moment after the first checkpoint (uniform over half the failure-free run's
+  span from its first committed epoch to its end: start-up excluded, so the kill lands while
+  the job runs); the driver restarts the job from the latest checkpoint by itself.
 * ``driver``: SIGKILL of the driver process (its workers die with it: PDEATHSIG on ``process``,
   the JVM on ``spark``) at a random moment after the first checkpoint, then a new driver resumes
   from the checkpoint directory (what ``tokenflow resume DIR`` does).
@@ -215,7 +216,7 @@ def epochs_committed(output: Path) -> int:
 
 
 def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], reference: list[Any],
-              duration: float, rng: random.Random, work: Path) -> Trial:
+              span: float, rng: random.Random, work: Path) -> Trial:
     work.mkdir(parents=True)
     ckpt, output = work / "ckpt", work / "out"
     spec = {**base, "workload": workload, "runtime": runtime, "output": str(output),
@@ -235,7 +236,7 @@ def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], ref
 
         while not committed_epochs(ckpt) and driver.poll() is None:
             time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.4 * duration))
+        time.sleep(rng.uniform(0.0, 0.5 * span))
         victims = workers_of(driver.pid, runtime) if fault == "worker" else [driver.pid]
         if driver.poll() is None and victims:
             seen = epochs_committed(output)
@@ -320,15 +321,23 @@ def corruption_trial(workload: str, runtime: str, how: str, base: dict[str, Any]
 
 
 def reference_run(workload: str, runtime: str, base: dict[str, Any], work: Path) -> tuple[list[Any], float]:
+    """The failure-free run's committed output and its *span*: seconds from its first committed
+    epoch to its end (the time a job runs, without the driver's and Spark's start-up, within
+    which a kill must land)."""
     work.mkdir(parents=True)
     spec = {**base, "workload": workload, "runtime": runtime, "output": str(work / "out"),
             "checkpoint": None, "resume": False, "summary": str(work / "summary.json")}
     spec["events"] = EVENTS.get(workload, base["events"])
-    began = time.monotonic()
-    code = launch(spec).wait(timeout=900)
-    if code != 0:
+    driver = launch(spec)
+    first = None
+    while driver.poll() is None:
+        if first is None and epochs_committed(work / "out") > 0:
+            first = time.monotonic()
+        time.sleep(0.005)
+    if driver.wait(timeout=900) != 0:
         raise SystemExit(f"the failure-free {workload} run on {runtime} failed; see {work}")
-    return committed(work / "out"), time.monotonic() - began
+    end = time.monotonic()
+    return committed(work / "out"), end - (end if first is None else first)
 
 
 NOT_FIRED = ("the job ended before the fault", "the crash point was not reached")
@@ -416,16 +425,17 @@ def main() -> None:
         for workload in WORKLOADS:
             references[workload, runtime] = reference_run(workload, runtime, base,
                                                           work / f"ref-{workload}-{runtime}")
-            print(f"reference {workload} on {runtime}: {len(references[workload, runtime][0]):,} "
-                  f"rows in {references[workload, runtime][1]:.1f} s", flush=True)
+            rows, span = references[workload, runtime]
+            print(f"reference {workload} on {runtime}: {len(rows):,} rows, {span:.1f} s from "
+                  "the first committed epoch to the end", flush=True)
     trials: list[Trial] = []
     for i in range(args.trials):
         workload = WORKLOADS[i % len(WORKLOADS)]
         runtime = runtimes[(i // len(WORKLOADS)) % len(runtimes)]
         fault = faults[(i // (len(WORKLOADS) * len(runtimes))) % len(faults)]
-        reference, duration = references[workload, runtime]
+        reference, span = references[workload, runtime]
         for attempt in range(ATTEMPTS):
-            trial = run_trial(workload, runtime, fault, base, reference, duration, rng,
+            trial = run_trial(workload, runtime, fault, base, reference, span, rng,
                               work / f"trial-{i}-{attempt}")
             if trial.fault_at is not None or not trial.identical:
                 break  # the fault fired (or something failed): the trial counts
