@@ -16,9 +16,10 @@ Faults (picked round-robin, the moment at random):
 
 * ``worker``: SIGKILL of one worker process (process runtime: a child of the driver; Spark: a
   Python worker forked by the executor's daemon, ``tokenflow.spark.daemon`` on ``local[n]``)
-  at a random moment after the first checkpoint (uniform over half the failure-free run's
-  span from its first committed epoch to its end: start-up excluded, so the kill lands while
-  the job runs); the driver restarts the job from the latest checkpoint by itself.
+  at a random moment after the first checkpoint (uniform over the first 60 % of what is left
+  of the failure-free run's span, from its first committed epoch to its end: start-up
+  excluded, so the kill lands while the job runs); the driver restarts the job from the
+  latest checkpoint by itself.
 * ``driver``: SIGKILL of the driver process (its workers die with it: PDEATHSIG on ``process``,
   the JVM on ``spark``) at a random moment after the first checkpoint, then a new driver resumes
   from the checkpoint directory (what ``tokenflow resume DIR`` does).
@@ -234,9 +235,13 @@ def run_trial(workload: str, runtime: str, fault: str, base: dict[str, Any], ref
     if fault in ("worker", "driver"):
         from tokenflow.state.snapshot import committed_epochs
 
+        first = None  # when the job's first epoch was committed
         while not committed_epochs(ckpt) and driver.poll() is None:
+            if first is None and epochs_committed(output) > 0:
+                first = time.monotonic()
             time.sleep(0.005)
-        time.sleep(rng.uniform(0.0, 0.5 * span))
+        ran = 0.0 if first is None else time.monotonic() - first
+        time.sleep(rng.uniform(0.0, 0.6 * max(0.0, span - ran)))
         victims = workers_of(driver.pid, runtime) if fault == "worker" else [driver.pid]
         if driver.poll() is None and victims:
             seen = epochs_committed(output)
