@@ -531,8 +531,7 @@ class ControlAgent:
         def write() -> None:
             try:
                 with _short_switch_interval():
-                    between()
-                    states = capture.resolve().tables
+                    states = capture.resolve(between).tables  # a piece per state's export
                     part = write_worker_part(message["root"], job=message["job"], epoch=epoch,
                                              worker=index, bins=bins, states=states, meta=meta,
                                              previous=base, changed=changed, between=between)

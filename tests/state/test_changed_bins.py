@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from tokenflow.control import ControlAgent
 from tokenflow.dataflow.state import KeyedState, LocalState, TrackedDict, key_bins, unpickled
 from tokenflow.state import RoutingTable, Snapshot, commit_snapshot, prune
-from tokenflow.state.changes import ChangeLog
+from tokenflow.state.changes import Capture, ChangeLog
 from tokenflow.state.snapshot import WorkerPart, write_worker_part
 
 BINS = 16
@@ -79,6 +79,18 @@ def test_export_of_some_bins_equals_the_full_export_of_those_bins() -> None:
     for b in some:
         assert unpickled(part[b]) == unpickled(full[b])
     assert {k for b in full for k in unpickled(full[b])[0]} == set(KEYS)
+
+
+def test_resolve_calls_between_before_each_state_export() -> None:
+    """A checkpoint writer's exports are separate pieces: ``between`` runs before each one,
+    so the writer can yield to its worker (``tokenflow.control``) between states."""
+    events: list[str] = []
+    capture = Capture(later={
+        name: (lambda name=name: events.append(f"export {name}") or {})  # type: ignore[misc]
+        for name in ("a", "b", "c")})
+    capture.resolve(lambda: events.append("between"))
+    assert events == ["between", "export a", "between", "export b", "between", "export c"]
+    assert capture.later == {} and sorted(capture.tables) == ["a", "b", "c"]
 
 
 def test_take_load_discard_and_restore_marks() -> None:

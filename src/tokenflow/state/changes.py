@@ -65,13 +65,17 @@ class Capture:
         """Keys of the states captured in full."""
         return sorted(k for k, c in self.changed.items() if c is None)
 
-    def resolve(self) -> Capture:
-        """Run the exports left for later; returns this capture, complete.
+    def resolve(self, between: Callable[[], None] | None = None) -> Capture:
+        """Run the exports left for later, calling ``between()`` before each (a writer that
+        yields to its worker between pieces of work: ``tokenflow.control``); returns this
+        capture, complete.
 
         Raises:
             whatever a state's export raises (the capture's marks are already logged).
         """
         for key, export in self.later.items():
+            if between is not None:
+                between()
             self.tables[key] = export()
             self.exported += len(self.tables[key])
         self.later = {}
