@@ -326,8 +326,8 @@ def _short_switch_interval() -> Iterator[None]:
 
 
 WRITER_WAIT = 0.025
-"""Seconds a checkpoint's writer waits, before a piece of its work (splitting the states,
-serializing a blob), for its worker to park with nothing to run (``Worker.wait_parked``),
+"""Seconds a checkpoint's writer waits, before a piece of its work (a state's export and
+split by bin, serializing a blob), for its worker to park with nothing to run (``Worker.wait_parked``),
 unless it parks sooner.  The writer runs on the worker's interpreter; while both want it they share it,
 and an epoch that arrived during a write took as long again: q5 at half load, with a
 checkpoint every second, the epoch of each checkpoint took 10-30 ms where the others took
