@@ -94,7 +94,19 @@ def same_rows(got: pd.DataFrame, expected: pd.DataFrame) -> None:
                                   check_dtype=False)
 
 
-def check_moves(result: Any, strategy: str, bytes_bound: bool = False) -> None:
+Q8_WINDOW_MS = 10_000
+
+
+def empty_by_design(query: str, time: int, granularity: int) -> bool:
+    """Whether a change at logical ``time`` may find no state at all: q8 keeps only its open
+    tumbling windows, and a change in a window's first epoch comes after the previous window
+    was retired and before any record of the new one was admitted (a CI run saw a 3 -> 2 change
+    at ``...420001`` with 0 bytes held)."""
+    return query == "q8" and time % Q8_WINDOW_MS <= granularity
+
+
+def check_moves(result: Any, strategy: str, bytes_bound: bool = False, query: str = "",
+                granularity: int = SMALL[2]) -> None:
     """The bounds of the module docstring for every change of the run (the 2 % byte bound of
     scale-out only with ``bytes_bound``)."""
     changes = result.migrations
@@ -103,7 +115,8 @@ def check_moves(result: Any, strategy: str, bytes_bound: bool = False) -> None:
         ([0, 1, 2], [0, 1])]
     bins = BINS[strategy == "fluid"]
     for c in changes:
-        assert c.total_bytes > 0 or strategy == "fluid", c
+        assert (c.total_bytes > 0 or strategy == "fluid"
+                or empty_by_design(query, c.time, granularity)), c
         if len(c.after) > len(c.before):  # scale-out: only to the newcomer, about 1/(W+1)
             (newcomer,) = set(c.after) - set(c.before)
             assert c.receivers == [newcomer]
@@ -124,7 +137,7 @@ def test_rescaling_keeps_the_output_thread(query: str, strategy: str) -> None:
     rng = random.Random(f"{query}-{strategy}")
     result = run(query, strategy, rng, rescale_at=random_points(rng))
     same_rows(result.rows, reference(query))
-    check_moves(result, strategy)
+    check_moves(result, strategy, query=query)
 
 
 def test_a_rescale_point_beyond_the_data_says_it_was_not_carried_out() -> None:
@@ -180,7 +193,7 @@ def test_states_whose_takes_cost_per_bin_leave_in_slices(query: str,
     rng = random.Random(f"slices-{query}")
     result = run(query, "all-at-once", rng, rescale_at=random_points(rng))
     same_rows(result.rows, reference(query))
-    check_moves(result, "all-at-once")
+    check_moves(result, "all-at-once", query=query)
     sending = sum(len(c.senders) for c in result.migrations)  # one step per change
     classes = {cls.__name__: cls for cls in ColumnarState.__subclasses__()}
     per_bin = {name for name in calls if classes[name].take_per_bin}
@@ -200,7 +213,8 @@ def test_state_moved_per_change_is_bounded(query: str) -> None:
     result = run(query, "all-at-once", rng, LARGE,
                  rescale_at=random_points(rng, LARGE, 0.3, 0.8))
     same_rows(result.rows, reference(query, LARGE))
-    check_moves(result, "all-at-once", bytes_bound=True)
+    check_moves(result, "all-at-once", bytes_bound=True, query=query,
+                granularity=LARGE[2])
 
 
 @pytest.mark.parametrize("query", QUERIES)
@@ -209,7 +223,7 @@ def test_rescaling_keeps_the_output_process(query: str) -> None:
     strategy = rng.choice(STRATEGIES)
     result = run(query, strategy, rng, runtime="process", rescale_at=random_points(rng))
     same_rows(result.rows, reference(query))
-    check_moves(result, strategy)
+    check_moves(result, strategy, query=query)
 
 
 @pytest.mark.spark
@@ -220,7 +234,7 @@ def test_rescaling_keeps_the_output_spark(spark: Any, query: str) -> None:
     result = run(query, strategy, rng, runtime="spark", master="local[4]",
                  rescale_at=random_points(rng))
     same_rows(result.rows, reference(query))
-    check_moves(result, strategy)
+    check_moves(result, strategy, query=query)
 
 
 def test_driver_schedule_through_the_control_plane() -> None:
