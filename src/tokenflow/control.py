@@ -51,7 +51,9 @@ Commands (driver -> workers) and replies (workers -> driver):
 ``hold`` ``margin``, ``barrier``
     every source of the worker pauses at its *safe point* (the least epoch boundary after
     everything it has emitted) plus ``margin`` epochs of its own length (default 0: at once;
-    with a margin the sources go on while the driver gathers the replies); with ``barrier``
+    with a margin the sources go on while the driver gathers the replies), but no later than
+    a pause the job set on it (``SourceHandle.hold_at``: the control plane's pause is its own,
+    and ``resume`` lifts only that); with ``barrier``
     (aligned) the worker's barrier goes up at its point (without a source: below every
     time); reply ``held`` with ``point`` (the greatest such epoch of the worker's sources, or
     None without sources), ``granularity`` (the least common multiple of its sources' epoch
@@ -616,7 +618,7 @@ class ControlAgent:
         self.holding, self._stalled_since = False, None
         self._lift(worker)
         for source in self._sources(worker):
-            source.resume()
+            source.release_hold()
 
     def finish(self) -> None:
         """Wait for a part still being written (before the worker returns)."""
@@ -637,7 +639,9 @@ class ControlAgent:
                 step = math.lcm(step, int(source.granularity))
                 if point is not None:
                     point += margin * int(source.granularity)
-                    source.pause_at(point)
+                    if source.job_pause is not None:  # the job paused it: hold no later
+                        point = min(point, source.job_pause)
+                    source.hold_at(point)
                     points.append(point)
             busy: list[int] = []
             if message.get("barrier"):  # an aligned snapshot: hold later records until it
@@ -650,7 +654,7 @@ class ControlAgent:
         elif kind == "checkpoint":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
-                source.pause_at(epoch)
+                source.hold_at(epoch)
             self._lift(worker)  # the barrier ``hold`` raised is at or before the epoch
             worker.traffic.barrier = epoch
             self.aligning = message
@@ -658,7 +662,7 @@ class ControlAgent:
         elif kind == "pause_at":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
-                source.pause_at(epoch)
+                source.hold_at(epoch)
             self._lift(worker)  # a quiescent snapshot after all: every record is delivered
             self.pause_epoch = epoch
             self.announced = self.draining = False

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
@@ -143,17 +144,22 @@ def feed_job(root: Path, table: pa.Table, crash_at: int | None = None, replay: b
 
 
 def source_job(root: Path, table: pa.Table, pause_at: int | None = None, crash_at: int | None = None,
-               replay: bool = False, verify: bool = False) -> Callable[[Worker], None]:
+               replay: bool = False, verify: bool = False,
+               gate: threading.Event | None = None) -> Callable[[Worker], None]:
     """A replayable table source (restored from a snapshot at its recorded positions) into the
-    sink; with ``crash_at`` the committer's worker fails once it has committed an epoch >= it."""
+    sink; with ``crash_at`` the committer's worker fails once it has committed an epoch >= it.
+    With ``gate`` the job lifts its own pause once the gate is set (a snapshot's resume leaves
+    a pause the job set in place)."""
 
     def job(worker: Worker) -> None:
         if replay:
             worker.replay = True
+        handles = []
 
         def build(scope: Any) -> None:
-            stream, _ = replayable_source(scope, "rows", table_splits(table, 4, time="t"), time="t",
-                                          pause_at=pause_at, max_rows=40)
+            stream, source = replayable_source(scope, "rows", table_splits(table, 4, time="t"),
+                                               time="t", pause_at=pause_at, max_rows=40)
+            handles.append(source)
             commits = to_parquet(stream, str(root), verify=verify)
             if crash_at is not None:
                 def crash(_: Any, batch: list[tuple[int, int]]) -> None:
@@ -163,6 +169,10 @@ def source_job(root: Path, table: pa.Table, pause_at: int | None = None, crash_a
                 commits.inspect_batch(crash)
 
         worker.dataflow(build)
+        if gate is not None:
+            while not gate.is_set():
+                worker.step_or_park()
+            handles[0].resume()
 
     return job
 
@@ -288,10 +298,15 @@ CRASH = 7
 
 
 def crash_after_snapshot(cut: Path, snap: Path, table: pa.Table, workers: int) -> tuple[int, dict[int, Any]]:
-    """Snapshot the job at PAUSE, let it go on, crash it once an epoch >= CRASH is committed;
+    """Snapshot the job at PAUSE, let it go on (the job lifts its pause), crash it once an epoch >= CRASH is committed;
     returns the snapshot's epoch and the ``epoch_state`` the crashed run left."""
-    handle = start(source_job(cut, table, pause_at=PAUSE, crash_at=CRASH), workers=workers, name=NAME)
-    epoch = handle.snapshot(str(snap), stop=False)
+    gate = threading.Event()
+    handle = start(source_job(cut, table, pause_at=PAUSE, crash_at=CRASH, gate=gate),
+                   workers=workers, name=NAME)
+    try:
+        epoch = handle.snapshot(str(snap), stop=False)
+    finally:
+        gate.set()
     with pytest.raises(WorkerError, match="simulated crash"):
         handle.result(timeout=60)
     assert 0 < epoch <= PAUSE

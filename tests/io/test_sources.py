@@ -269,6 +269,64 @@ def test_pause_and_resume_within_one_run() -> None:
         assert completed == sorted(epochs)  # on_epoch: each time once, in order, when complete
 
 
+def test_the_control_planes_hold_is_apart_from_the_jobs_pause() -> None:
+    """A snapshot round's ``hold_at`` / ``release_hold`` neither moves nor lifts a pause the job
+    set: the source stops at the earlier of the two, and after the hold is released it still
+    stops at the job's pause (before, the hold overwrote it and the release cleared it)."""
+    table = events_table()
+    splits = table_splits(table, 8, time="t")
+    own, early, late = 90, 50, 130
+
+    def job(worker: Worker) -> Capture:
+        def build(scope: Any) -> tuple[Capture, SourceHandle]:
+            stream, handle = replayable_source(scope, "Events", splits, "t",
+                                               granularity=GRANULARITY, max_rows=40,
+                                               pause_at=own)
+            return capture(stream), handle
+
+        cap, handle = worker.dataflow(build)
+        assert handle.job_pause == own
+        handle.hold_at(late)  # later than the job's pause: the job's pause holds
+        worker.step_while(lambda: not handle.paused)
+        assert handle.frontier == own and max(t for t, _ in cap.events) < own
+        handle.release_hold()  # a discarded attempt's resume: the job's pause stays
+        for _ in range(20):
+            worker.step_or_park(0.001)
+        assert handle.paused and handle.frontier == own and handle.job_pause == own
+        assert max(t for t, _ in cap.events) < own
+        handle.resume()
+        handle.hold_at(own + 2 * GRANULARITY)  # the job lifted its pause: the hold alone
+        worker.step_while(lambda: not handle.paused)
+        assert handle.frontier == own + 2 * GRANULARITY
+        handle.release_hold()
+        worker.step_until_done()
+        return cap
+
+    results = execute(job, workers=2, runtime="thread")
+    assert ids_by_time(results) == oracle(table, GRANULARITY)
+
+    def early_hold(worker: Worker) -> list[int]:
+        def build(scope: Any) -> tuple[Capture, SourceHandle]:
+            stream, handle = replayable_source(scope, "Events", splits, "t",
+                                               granularity=GRANULARITY, max_rows=40,
+                                               pause_at=own)
+            return capture(stream), handle
+
+        cap, handle = worker.dataflow(build)
+        handle.hold_at(early)  # earlier than the job's pause: the hold stops it first
+        worker.step_while(lambda: not handle.paused)
+        stops = [handle.frontier]
+        handle.release_hold()  # on to the job's pause, and no further
+        worker.step_while(lambda: not handle.paused)
+        stops.append(handle.frontier)
+        assert max(t for t, _ in cap.events) < own
+        handle.resume()
+        worker.step_until_done()
+        return stops
+
+    assert execute(early_hold, workers=2, runtime="thread") == [[early, own]] * 2
+
+
 # -- Parquet ---------------------------------------------------------------------------------
 
 

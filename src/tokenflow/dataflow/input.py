@@ -448,6 +448,12 @@ class InputHandle:
         """Lift a pause."""
         self._pause = None
 
+    # An input's pauses are all the control plane's (a user's own ``advance_to`` is how a job
+    # holds its input): its hold is the pause itself.
+    hold_at = pause_at
+    release_hold = resume
+    job_pause = None
+
     @property
     def paused(self) -> bool:
         """True once paused at the pause epoch (or closed)."""

@@ -30,6 +30,9 @@ Model:
   after ``e``, then hold its token and stay idle until ``resume()``; ``positions()`` then gives
   each split's first offset at a time ``>= e``, so a job started with those positions and
   ``start=e`` continues exactly where this one paused.
+* The control plane (``tokenflow.control``: snapshots, checkpoints) pauses with ``hold_at`` and
+  lifts with ``release_hold``, a pause of its own: the source stops at the earlier of the two,
+  and a checkpoint's ``release_hold`` leaves a pause the job set in place.
 
 Per-batch work is vectorized (numpy / Arrow per read chunk); Python loops run per split, per
 logical time and per read round, never per row.
@@ -485,7 +488,8 @@ class _Reader:
         self._unfired: list[int] = []  # heap of recorded times not yet reported complete
         self._unfired_set: set[int] = set()
         self.lock = threading.RLock()
-        self.pause: int | None = pause_at
+        self.own_pause: int | None = pause_at  # the job's (``SourceHandle.pause_at``)
+        self.held: int | None = None  # the control plane's (``SourceHandle.hold_at``)
         self.limit: int | None = None  # flow control (``SourceHandle.limit``), not a pause
         self.paused = False
         self.closed = False
@@ -635,6 +639,12 @@ class _Reader:
             self._unfired_set.discard(t)
             if self.on_epoch is not None:
                 self.on_epoch(t, dict(self.epochs.get(t, {})))
+
+    @property
+    def pause(self) -> int | None:
+        """The pause in effect: the earlier of the job's and the control plane's."""
+        pauses = [p for p in (self.own_pause, self.held) if p is not None]
+        return min(pauses) if pauses else None
 
     def _finish(self) -> None:
         self._advance(None)
@@ -860,7 +870,18 @@ class SourceHandle:
             ValueError: ``epoch`` is not a multiple of the granularity, or rows at or after it
                 were already emitted.
         """
+        self._set_pause(epoch, None)
+
+    def hold_at(self, epoch: int) -> None:
+        """The control plane's pause (a snapshot or checkpoint round), kept apart from the
+        job's: the source stops at the earlier of the two, and ``release_hold`` lifts only
+        this one.  Errors as for ``pause_at``."""
+        self._set_pause(None, epoch)
+
+    def _set_pause(self, own: int | None, held: int | None) -> None:
         r = self._reader
+        epoch = own if own is not None else held
+        assert epoch is not None
         if epoch % r.granularity:
             raise ValueError(f"{r.name}: pause epoch {epoch} is not a multiple of "
                              f"granularity={r.granularity}")
@@ -868,8 +889,13 @@ class SourceHandle:
             if r.max_emitted is not None and r.max_emitted >= epoch:
                 raise ValueError(f"{r.name}: cannot pause at {epoch}: rows at time "
                                  f"{r.max_emitted} were already emitted")
-            r.pause = epoch
-            r.paused = r.finished
+            before = r.pause
+            if own is not None:
+                r.own_pause = own
+            else:
+                r.held = held
+            if r.pause != before:
+                r.paused = r.finished
         r.activate()
 
     def limit(self, epoch: int | None) -> None:
@@ -884,12 +910,30 @@ class SourceHandle:
             r.activate()
 
     def resume(self) -> None:
-        """Lift the pause: the source reads on."""
+        """Lift the job's pause: the source reads on (up to the control plane's, if any)."""
+        self._lift(own=True)
+
+    def release_hold(self) -> None:
+        """Lift the control plane's pause (``hold_at``); a pause the job set stays."""
+        self._lift(own=False)
+
+    def _lift(self, own: bool) -> None:
         r = self._reader
         with r.lock:
-            r.pause = None
-            r.paused = False
+            before = r.pause
+            if own:
+                r.own_pause = None
+            else:
+                r.held = None
+            if r.pause != before:
+                r.paused = r.finished and r.pause is not None
         r.activate()
+
+    @property
+    def job_pause(self) -> int | None:
+        """The epoch the job paused this source at (``pause_at``), or None: the control plane
+        holds it no later than that."""
+        return self._reader.own_pause
 
     def close(self) -> None:
         """End the source now: drop its token at the next scheduling without reading more
