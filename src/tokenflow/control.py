@@ -34,9 +34,13 @@ of epochs) is kept back until every worker has captured (``cut``; ``Traffic.defe
 record is received before its receiver's capture that was sent after its sender's (the
 Chandy-Lamport condition; an asynchronous-barrier-snapshot alignment with the frontier as the
 barrier).  A record sent before its sender's capture but received after its receiver's (one
-at a time ``>= e`` sent while the job finished the epochs before ``e``: a migrating operator's
-state move at ``e``, or an operator sending later than the token it holds) makes the sums of
-the ``sent`` and ``received`` counters taken at the captures differ; the driver then discards
+at a time ``>= e`` sent while the job finished the epochs before ``e``, by an operator sending
+later than the token it holds) is channel state: an operator's output records it while its
+worker's barrier is up (``Traffic.crossing``), and the capture stores it with the worker's
+part and leaves it out of ``sent`` (``tokenflow.dataflow.channel_state``; a restored job
+sends it again).  One the worker did not record (sent before ``hold``, through a pact whose
+messages depend on the worker count, or a migrating operator's state move at ``e``) makes the
+sums of the ``sent`` and ``received`` counters taken at the captures differ; the driver then discards
 the captures (nothing is committed; the job goes on) and tries once more at a later epoch
 (``ALIGNED_ATTEMPTS``: an operator that sends when the frontier reaches a window's end does so
 at few epochs, so the next epoch is most often a consistent cut), then takes the snapshot at
@@ -59,9 +63,9 @@ Commands (driver -> workers) and replies (workers -> driver):
     None without sources), ``granularity`` (the least common multiple of its sources' epoch
     lengths: the common pause epoch must be a boundary of all), ``align`` (false with
     migrating operators: the driver then takes the snapshot by the quiescent protocol, whose
-    ``pause_at`` lowers the barrier) and (aligned) ``busy``, the times at or after its point
-    at which operators hold tokens, which the driver does not choose as the epoch
-    (``BUSY_TIMES``).
+    ``pause_at`` lowers the barrier) and (aligned) ``busy``, the epoch boundaries at or
+    after its point at which operators hold tokens or their states say they may send
+    (``Worker.busy_times``), which the driver does not choose as the epoch (``BUSY_TIMES``).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
     sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
     to ``epoch``; the worker steps on and, once aligned (above), captures its part as
@@ -129,6 +133,7 @@ from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from tokenflow.dataflow.channel_state import KEY as CHANNEL_STATE
 from tokenflow.faults import crash_point
 from tokenflow.membership import COMMANDS as MEMBERSHIP_COMMANDS
 from tokenflow.membership import MembershipAgent
@@ -367,14 +372,16 @@ class _WhenParked:
 
 
 BUSY_TIMES = 16
-"""An aligned checkpoint's epoch is not a time at which an operator holds a token (``hold``
-replies ``busy``, the first this many such times at or after the worker's point;
-``Worker.token_times``): such an operator (a window ending there) sends at that time as soon
-as the job has finished the epochs before it, which is during the alignment, and the receiver
-holds the record back at its barrier, so the captures were not a consistent cut and the
-checkpoint was taken again (q5, windows sliding by 5 epochs: 2-3 discarded attempts in each
-of 4 runs of 10 s at half load with 9 checkpoints; none in 3 runs with this).  The epoch
-moves on by the sources' granularity, at most this many times."""
+"""An aligned checkpoint's epoch is not a time at which an operator may send while the job
+aligns (``hold`` replies ``busy``, the first this many such times at or after the worker's
+point, ``Worker.busy_times``: the times operators hold tokens at, such as a window's end, and
+those a state's ``send_times`` names, such as Q4's auctions closing at a boundary while their
+operator holds one token, at the least).  Such an operator sends at that time as soon as the
+job has finished the epochs before it, which is during the alignment, and the receiver holds
+the record back at its barrier, so the captures were not a consistent cut and the checkpoint
+was taken again (q5, windows sliding by 5 epochs: 2-3 discarded attempts in each of 4 runs of
+10 s at half load with 9 checkpoints; none in 3 runs with this).  The epoch moves on by the
+sources' granularity, at most this many times."""
 ALIGNED_ATTEMPTS = 2
 """Aligned attempts a snapshot makes before the quiescent protocol, when their captures are
 not a consistent cut.  The quiescent protocol stops every source until the job drains, which
@@ -485,9 +492,12 @@ class ControlAgent:
         return message
 
     def _capture(self, worker: Any, message: dict[str, Any], extra: dict[str, Any] | None = None,
-                 phases: dict[str, float] | None = None, began: float | None = None) -> None:
+                 phases: dict[str, float] | None = None, began: float | None = None,
+                 crossing: list[Any] | None = None) -> None:
         """Capture every state (incrementally: the bins changed since the checkpoint named
-        ``previous``, ``tokenflow.state.changes``) and the source positions now, reply
+        ``previous``, ``tokenflow.state.changes``), the messages ``crossing`` the cut (an
+        aligned capture's channel state, ``Traffic.take_crossing``; none for a quiescent
+        one) and the source positions now, reply
         ``captured`` (with ``extra`` fields, and ``phases`` plus the capture's own seconds
         since ``began``) and write the part on a background thread, which replies ``written``
         or ``write_failed``."""
@@ -504,6 +514,8 @@ class ControlAgent:
                     entries.pop(key, None)
             self._parts = {int(worker.restore.epoch): entries}
         base = self._parts.get(int(previous)) if previous is not None else None
+        if crossing or CHANNEL_STATE in getattr(worker, "states", {}):
+            worker.channel_state().record(crossing or [])
         capture = self._changes.capture(getattr(worker, "states", {}), epoch,
                                         None if previous is None else int(previous), base)
         changed = capture.changed
@@ -584,10 +596,13 @@ class ControlAgent:
         self.aligning = None
         self.pause_epoch = epoch  # for ``_settled``
         traffic = worker.traffic
-        counters = {"sent": traffic.sent, "received": traffic.received,
-                    "settled": self._settled(worker), "held": len(traffic.held)}
+        crossing, counted = traffic.take_crossing(epoch)  # the cut's channel state
+        counters = {"sent": traffic.sent - counted, "received": traffic.received,
+                    "settled": self._settled(worker), "held": len(traffic.held),
+                    "crossing": len(crossing)}
         self._capture(worker, message, counters, {"run up": times[1] - times[0],
-                                                  "align": aligned - times[1]}, aligned)
+                                                  "align": aligned - times[1]}, aligned,
+                      crossing)
         if message.get("resume"):
             traffic.defer = epoch  # until ``cut``: every worker has captured
             self._resume(worker)
@@ -617,6 +632,9 @@ class ControlAgent:
         self.aligning = None
         self.holding, self._stalled_since = False, None
         self._lift(worker)
+        traffic = getattr(worker, "traffic", None)
+        if traffic is not None:
+            traffic.crossing = []
         for source in self._sources(worker):
             source.release_hold()
 
@@ -644,10 +662,11 @@ class ControlAgent:
                     source.hold_at(point)
                     points.append(point)
             busy: list[int] = []
+            worker.traffic.crossing = []  # what an earlier round recorded is not this one's
             if message.get("barrier"):  # an aligned snapshot: hold later records until it
                 worker.traffic.barrier = max(points) if points else _EVERYTHING
                 if points:
-                    busy = sorted(worker.token_times(min(points)))[:BUSY_TIMES]
+                    busy = worker.busy_times(min(points), step)[:BUSY_TIMES]
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
                             "point": max(points) if points else None, "granularity": step,
                             "align": not getattr(worker, "rescalers", ()), "busy": busy})
@@ -820,6 +839,9 @@ class SnapshotStats:
         stuck: one of the ``discarded`` attempts did not complete its alignment in time (some
             operator keeps a record before the epoch in flight until every worker has
             captured): ``CheckpointedJob`` then takes quiescent checkpoints only.
+        crossing: (aligned) messages at the epoch or later that operators sent before their
+            worker's capture, stored as the snapshot's channel state
+            (``tokenflow.dataflow.channel_state``), summed over the workers.
     """
 
     epoch: int
@@ -835,6 +857,7 @@ class SnapshotStats:
     discarded: list[str] = field(default_factory=list)
     held: int = 0
     stuck: bool = False
+    crossing: int = 0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -1009,7 +1032,8 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
                                    max(float(r.get("stalled", 0.0)) for r in captured.values()),
                                    "aligned" if aligned else "quiescent", worker_phases,
                                    list(discarded or ()),
-                                   sum(int(r.get("held", 0)) for r in captured.values()), stuck))
+                                   sum(int(r.get("held", 0)) for r in captured.values()), stuck,
+                                   sum(int(r.get("crossing", 0)) for r in captured.values())))
     return epoch
 
 

@@ -14,6 +14,8 @@ import weakref
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from tokenflow.dataflow.channel_state import KEY as CHANNEL_STATE
+from tokenflow.dataflow.channel_state import ChannelState
 from tokenflow.dataflow.input import JobStopped
 from tokenflow.dataflow.scope import Scope
 from tokenflow.dataflow.state import BinnedState
@@ -75,7 +77,9 @@ class Traffic:
     workers of a job, ``sent == received`` once no data message is in flight; the checks that
     a snapshot is a consistent cut rely on it (``tokenflow.control``).
 
-    An aligned snapshot at epoch ``e`` (``tokenflow.control``) also uses two gates here:
+    An aligned snapshot at epoch ``e`` (``tokenflow.control``) also uses two gates here, and
+    ``crossing``: the messages this worker's operators pushed at times the barrier holds
+    (``cross``), of which those at or after ``e`` are the checkpoint's channel state:
 
     * ``barrier``: ``e`` until this worker has captured its state, else None.  An operator
       input then sets aside every message at a time at or after ``e`` (by its outermost
@@ -88,7 +92,7 @@ class Traffic:
       (``CountingPush``): no worker that has not captured yet receives it.
     """
 
-    __slots__ = ("sent", "received", "barrier", "held", "defer", "deferred")
+    __slots__ = ("sent", "received", "barrier", "held", "defer", "deferred", "crossing")
 
     def __init__(self) -> None:
         self.sent = 0
@@ -97,6 +101,24 @@ class Traffic:
         self.held: list[Any] = []
         self.defer: int | None = None
         self.deferred: list[tuple[Any, Any]] = []
+        self.crossing: list[tuple[tuple[int, ...], int, Any, int]] = []
+
+    def cross(self, path: tuple[int, ...], port: int, message: Any, counted: int) -> None:
+        """Record a message an operator pushed at a time the barrier holds (``counted``: what
+        the push added to ``sent``): if it is at or after the checkpoint's epoch, it crosses
+        the cut and is stored as channel state (``tokenflow.dataflow.channel_state``)."""
+        self.crossing.append((path, port, message, counted))
+
+    def take_crossing(self, epoch: int) -> tuple[list[tuple[tuple[int, ...], int, Any]], int]:
+        """The recorded messages at or after ``epoch`` (outermost coordinate) as channel-state
+        entries, with the count they added to ``sent``; forgets every record."""
+        entries, counted = [], 0
+        for path, port, message, n in self.crossing:
+            if outermost(message[0]) >= epoch:
+                entries.append((path, port, message))
+                counted += n
+        self.crossing = []
+        return entries, counted
 
     def holds(self, time: Any) -> bool:
         """True while a barrier is up and ``time`` (its outermost coordinate: a nested scope's
@@ -242,6 +264,22 @@ class Worker:
             state.load(self.restore.read(key, owned.tolist()))
             state.mark_unchanged()  # the next checkpoint builds on this snapshot
 
+    def channel_state(self) -> ChannelState:
+        """This worker's ``ChannelState`` (the messages sent across an aligned checkpoint's
+        cut), declared on first use."""
+        state = self.states.get(CHANNEL_STATE)
+        if state is None:
+            state = ChannelState()
+            self.register_state(CHANNEL_STATE, state)
+        assert isinstance(state, ChannelState)
+        return state
+
+    def restored_messages(self, path: tuple[int, ...]) -> list[tuple[int, Any]]:
+        """The ``(port, (time, batch))`` messages the operator at ``path`` sent across the cut
+        of the snapshot this worker restores (``tokenflow.dataflow.channel_state``), once."""
+        state = self.states.get(CHANNEL_STATE)
+        return state.take(path) if isinstance(state, ChannelState) else []
+
     def register_source(self, key: str, handle: Any, weak: bool = False) -> None:
         """Declare a replayable source (its ``SourceHandle``: ``pause_at``, ``resume``,
         ``paused``, ``positions``, ``safe_point``, ``close``) under a stable ``key``, so the
@@ -328,6 +366,8 @@ class Worker:
         Raises:
             CycleError: when the graph has a cycle without a feedback summary.
         """
+        if self.restore is not None and CHANNEL_STATE in self.restore.states():
+            self.channel_state()  # loaded before the operators are built (they take theirs)
         index = self._dataflow_count
         self._dataflow_count += 1
         name = name or f"Dataflow{index}"
@@ -650,6 +690,15 @@ class Worker:
                         if any(t < epoch for t in tracker.frontier(Target(node, port))):
                             return False
         return True
+
+    def busy_times(self, since: int, step: int) -> list[int]:
+        """The multiples of ``step`` at or after ``since``, ascending, at which an operator may
+        still send: ``token_times`` and the states' ``send_times`` (an aligned checkpoint
+        avoids them, ``tokenflow.control``)."""
+        times = {t for t in self.token_times(since) if t % step == 0}
+        for state in self.states.values():
+            times.update(state.send_times(since, step))
+        return sorted(times)
 
     def token_times(self, since: int) -> set[int]:
         """The times at or after ``since`` (outermost coordinates) at which operators other

@@ -298,8 +298,9 @@ CRASH = 7
 
 
 def crash_after_snapshot(cut: Path, snap: Path, table: pa.Table, workers: int) -> tuple[int, dict[int, Any]]:
-    """Snapshot the job at PAUSE, let it go on (the job lifts its pause), crash it once an epoch >= CRASH is committed;
-    returns the snapshot's epoch and the ``epoch_state`` the crashed run left."""
+    """Snapshot the job at PAUSE, let it go on (the job lifts its pause), crash it once an
+    epoch >= CRASH is committed; returns the snapshot's epoch and the ``epoch_state`` the
+    crashed run left."""
     gate = threading.Event()
     handle = start(source_job(cut, table, pause_at=PAUSE, crash_at=CRASH, gate=gate),
                    workers=workers, name=NAME)

@@ -2,8 +2,10 @@
 another worker's capture; records of the checkpoint's epoch and later wait at an operator's
 input until its worker has captured, and records sent before the epoch after a capture wait
 until every worker has.  A checkpoint taken that way restores to output identical to a
-failure-free run; one whose captures are not a consistent cut is discarded and taken again
-by the quiescent protocol; a SIGKILL while aligning or right after a capture is recovered."""
+failure-free run; records an operator sends at the epoch or later while its worker aligns are
+stored as channel state and sent again by the restored job; a checkpoint whose captures are
+not a consistent cut is discarded and taken again by the quiescent protocol; a SIGKILL while
+aligning or right after a capture is recovered."""
 
 from __future__ import annotations
 
@@ -88,10 +90,11 @@ def test_an_aligned_checkpoint_of_a_running_job_restores_to_the_same_output(
     assert committed_rows(out) == expected
 
 
-def eager_wordcount(table: Any, output: str, pace: float = 0.0) -> Any:
+def eager_wordcount(table: Any, output: str, pace: float = 0.0, verify: bool = False) -> Any:
     """The word count with an operator that forwards each record at its time + 2 at once
-    (holding no token there first): such records can cross an aligned checkpoint's cut, and
-    the driver must see it."""
+    (holding no token there first): such records can cross an aligned checkpoint's cut.  Those
+    sent while the worker aligns are the checkpoint's channel state; one sent before the
+    ``hold`` round began is not recorded, and the driver must see the cut is not consistent."""
     from tokenflow.dataflow.operators.stateful import state_machine
 
     def job(worker: Any) -> None:
@@ -121,11 +124,41 @@ def eager_wordcount(table: Any, output: str, pace: float = 0.0) -> Any:
 
             builder.build(constructor)
             counts = state_machine(later, lambda w, n, c: ((c or 0) + n, [(w, (c or 0) + n)]))
-            to_parquet(counts, output, columns=["word", "count"])
+            to_parquet(counts, output, columns=["word", "count"], verify=verify)
 
         worker.dataflow(build)
 
     return job
+
+
+@pytest.mark.parametrize(("runtime", "after"), [("thread", 3), ("process", 2)])
+def test_records_sent_across_the_cut_are_channel_state_and_sent_again_on_restore(
+        tmp_path: Path, table, runtime: str, after: int) -> None:
+    """The eager operator sends at ``t + 2`` as soon as it receives ``t``, so while a worker
+    aligns at ``e`` it sends at ``e`` and ``e + 1`` before capturing: those messages are the
+    checkpoint's channel state (``SnapshotStats.crossing``) and the checkpoint stands.  A job
+    restored from it (at ``after`` workers: the state's home bin may have another owner) sends
+    them again: every epoch from the snapshot on is recomputed and checked against what the
+    failure-free part of the run committed (``verify=True`` fails on any difference), and
+    the output equals an uninterrupted run's."""
+    whole = tmp_path / "whole"
+    execute(eager_wordcount(table, str(whole)), workers=2, name=NAME)
+    out, snap = tmp_path / "out", str(tmp_path / "snap")
+    handle = start(eager_wordcount(table, str(out), pace=0.01), workers=2, runtime=runtime,
+                   name=NAME)
+    stats: list[Any] = []
+    previous = None
+    while not (stats and stats[-1].crossing) and handle.running:
+        epoch = take_snapshot(handle.hub, [0, 1], snap, NAME, handle.spec.table, stop=False,
+                              alive=lambda: handle.running, previous=previous, stats=stats,
+                              margin=2)
+        previous = epoch if epoch is not None else previous
+    handle.result(timeout=180)
+    assert stats and stats[-1].crossing > 0, [(s.protocol, s.crossing, s.discarded) for s in stats]
+    assert stats[-1].protocol == "aligned" and committed_epochs(snap)[-1] == stats[-1].epoch
+    execute(eager_wordcount(table, str(out), verify=True), workers=after, runtime=runtime,
+            restore=snap, name=NAME)
+    assert committed_rows(out) == committed_rows(whole)
 
 
 def test_a_checkpoint_whose_cut_is_not_consistent_is_taken_again_by_the_quiescent_protocol(

@@ -66,10 +66,15 @@ class Tee:
     cannot disturb another (Arrow batches are immutable and shared).
     """
 
-    __slots__ = ("pushers",)
+    __slots__ = ("pushers", "replayable")
 
     def __init__(self) -> None:
         self.pushers: list[Push] = []
+        self.replayable = True
+        """Whether a message pushed here means the same when a restored job pushes it again
+        at another worker count (an aligned checkpoint's channel state,
+        ``tokenflow.dataflow.channel_state``): False once a consumer's pact says otherwise
+        (``Pact.replayable``)."""
 
     def add_pusher(self, pusher: Push) -> None:
         self.pushers.append(pusher)
@@ -88,7 +93,12 @@ class Tee:
 
 
 class Pact(Protocol):
-    """Connects a stream to an operator input: returns ``(pusher, puller)``."""
+    """Connects a stream to an operator input: returns ``(pusher, puller)``.
+
+    A pact may set ``replayable = False`` (default True when absent): its messages depend on
+    the worker count (``WatermarkPact``'s copies name their sender and are dealt one per
+    worker), so a message across an aligned checkpoint's cut cannot be stored as channel
+    state; such a crossing makes the cut inconsistent and the checkpoint is taken again."""
 
     name: str
 

@@ -193,11 +193,12 @@ class OperatorOutput:
     """
 
     __slots__ = ("port", "tee", "produced", "_internal", "_op", "_buffer", "_buffer_time",
-                 "_arrow", "_arrow_time", "_arrow_rows")
+                 "_arrow", "_arrow_time", "_arrow_rows", "_traffic")
 
-    def __init__(self, op: OperatorCore, port: int, tee: Tee) -> None:
+    def __init__(self, op: OperatorCore, port: int, tee: Tee, traffic: Any = None) -> None:
         self.port = port
         self.tee = tee
+        self._traffic = traffic  # the worker's ``Traffic``: a message across a checkpoint's cut
         self.produced: ChangeBatch[Any] = ChangeBatch()
         self._internal = op.internal[port]
         self._op = op
@@ -291,7 +292,14 @@ class OperatorOutput:
         n = len(batch)
         if n:
             self.produced.update(time, n)
-            self.tee.push((time, batch))
+            traffic = self._traffic
+            if traffic is not None and traffic.barrier is not None and traffic.holds(time) \
+                    and self.tee.replayable:
+                sent = traffic.sent  # an aligned checkpoint's channel state, maybe
+                self.tee.push((time, batch))
+                traffic.cross(self._op.path, self.port, (time, batch), traffic.sent - sent)
+            else:
+                self.tee.push((time, batch))
 
     def _flush_arrow(self) -> None:
         pending = self._arrow
@@ -356,6 +364,9 @@ class OperatorCore:
         self.frontiers: list[MutableAntichain] = []
         self.running = False
         self.activate: Callable[[tuple[int, ...]], None] | None = None
+        self.restored: list[tuple[int, Any]] = []
+        """Messages this operator sent across the cut of the snapshot its worker restores
+        (``tokenflow.dataflow.channel_state``): pushed again at its first scheduling."""
 
     def wake(self) -> None:
         """A token of this operator changed: outside an invocation, schedule the operator so
@@ -379,6 +390,10 @@ class OperatorCore:
         assert self.logic is not None
         self.running = True
         try:
+            if self.restored:  # its initial tokens are still counted: they cover any time
+                for port, (time, batch) in self.restored:
+                    self.output_ports[port]._emit(time, batch)
+                self.restored = []
             incomplete = self.logic(self.frontiers)
         finally:
             for out in self.output_ports:
@@ -472,6 +487,8 @@ class OperatorBuilder:
         if traffic is not None:
             pusher = CountingPush(pusher, traffic, weight)
         stream.connect_to(Target(self.index, port), pusher, weight, copies is not None)
+        if not getattr(pact, "replayable", True):
+            stream.tee.replayable = False
         inp = OperatorInput(core, port, puller, traffic)
         core.inputs += 1
         core.input_ports.append(inp)
@@ -490,7 +507,7 @@ class OperatorBuilder:
         core.outputs += 1
         core.internal.append(ChangeBatch())
         tee = Tee()
-        out = OperatorOutput(core, port, tee)
+        out = OperatorOutput(core, port, tee, getattr(self.scope.worker, "traffic", None))
         core.output_ports.append(out)
         stream = Stream(Source(self.index, port), self.scope, tee, f"{self.name}.out{port}")
         return out, stream
@@ -536,6 +553,9 @@ class OperatorBuilder:
         for internal in core.internal:
             internal.clear()  # the scope assumes every worker starts with one token per output
         core.logic = constructor(capabilities)
+        restored = getattr(self.scope.worker, "restored_messages", None)
+        if restored is not None:
+            core.restored = restored(core.path)
         core.activate = self.scope.worker.activate
         self.scope.add_operator(core, self.index)
         self.scope.worker.activate(core.path)

@@ -205,6 +205,9 @@ class WatermarkPact:
     """
 
     name = "WatermarkPact"
+    replayable = False
+    """A watermark's copies name their sender and are dealt one per worker: not channel state
+    (``tokenflow.dataflow.channels.Pact``)."""
 
     def __init__(self, key: Callable[[Any], Any] | None = None, column: str | None = None) -> None:
         self.key = key
