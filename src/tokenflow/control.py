@@ -64,8 +64,8 @@ Commands (driver -> workers) and replies (workers -> driver):
     lengths: the common pause epoch must be a boundary of all), ``align`` (false with
     migrating operators: the driver then takes the snapshot by the quiescent protocol, whose
     ``pause_at`` lowers the barrier) and (aligned) ``busy``, the epoch boundaries at or
-    after its point at which operators hold tokens or their states say they may send
-    (``Worker.busy_times``), which the driver does not choose as the epoch (``BUSY_TIMES``).
+    after its point at which operators hold tokens (``Worker.token_times``), which the driver
+    does not choose as the epoch (``BUSY_TIMES``).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
     sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
     to ``epoch``; the worker steps on and, once aligned (above), captures its part as
@@ -372,16 +372,15 @@ class _WhenParked:
 
 
 BUSY_TIMES = 16
-"""An aligned checkpoint's epoch is not a time at which an operator may send while the job
-aligns (``hold`` replies ``busy``, the first this many such times at or after the worker's
-point, ``Worker.busy_times``: the times operators hold tokens at, such as a window's end, and
-those a state's ``send_times`` names, such as Q4's auctions closing at a boundary while their
-operator holds one token, at the least).  Such an operator sends at that time as soon as the
-job has finished the epochs before it, which is during the alignment, and the receiver holds
-the record back at its barrier, so the captures were not a consistent cut and the checkpoint
-was taken again (q5, windows sliding by 5 epochs: 2-3 discarded attempts in each of 4 runs of
-10 s at half load with 9 checkpoints; none in 3 runs with this).  The epoch moves on by the
-sources' granularity, at most this many times."""
+"""An aligned checkpoint's epoch is not a time at which an operator holds a token (``hold``
+replies ``busy``, the first this many such epoch boundaries at or after the worker's point;
+``Worker.token_times``): such an operator (a window ending there) sends at that time as soon
+as the job has finished the epochs before it, which is during the alignment.  Its messages
+are then channel state (``tokenflow.dataflow.channel_state``) unless they go through a pact
+whose messages depend on the worker count, when the captures are not a consistent cut and the
+checkpoint is taken again (q5, windows sliding by 5 epochs: 2-3 discarded attempts in each of
+4 runs of 10 s at half load with 9 checkpoints before channel state and this; none in 3 runs
+with this).  The epoch moves on by the sources' granularity, at most this many times."""
 ALIGNED_ATTEMPTS = 2
 """Aligned attempts a snapshot makes before the quiescent protocol, when their captures are
 not a consistent cut.  The quiescent protocol stops every source until the job drains, which
@@ -666,7 +665,8 @@ class ControlAgent:
             if message.get("barrier"):  # an aligned snapshot: hold later records until it
                 worker.traffic.barrier = max(points) if points else _EVERYTHING
                 if points:
-                    busy = worker.busy_times(min(points), step)[:BUSY_TIMES]
+                    busy = sorted(t for t in worker.token_times(min(points))
+                                  if t % step == 0)[:BUSY_TIMES]
             self.link.send({"kind": "held", "worker": worker.index, "round": self.round,
                             "point": max(points) if points else None, "granularity": step,
                             "align": not getattr(worker, "rescalers", ()), "busy": busy})

@@ -691,15 +691,6 @@ class Worker:
                             return False
         return True
 
-    def busy_times(self, since: int, step: int) -> list[int]:
-        """The multiples of ``step`` at or after ``since``, ascending, at which an operator may
-        still send: ``token_times`` and the states' ``send_times`` (an aligned checkpoint
-        avoids them, ``tokenflow.control``)."""
-        times = {t for t in self.token_times(since) if t % step == 0}
-        for state in self.states.values():
-            times.update(state.send_times(since, step))
-        return sorted(times)
-
     def token_times(self, since: int) -> set[int]:
         """The times at or after ``since`` (outermost coordinates) at which operators other
         than this worker's sources hold tokens, in this worker's view of every running

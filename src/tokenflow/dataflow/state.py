@@ -186,14 +186,6 @@ class BinnedState(ABC):
         """Times at which the operator holds tokens because of this state (default none)."""
         return []
 
-    def send_times(self, since: int, step: int) -> list[int]:
-        """The multiples of ``step`` at or after ``since`` at which the operator may send
-        because of this state without holding a token at each of them (e.g. Q4's closing
-        times, where the operator holds one token, at the least).  An aligned checkpoint does
-        not choose them as its epoch: the operator would send there while the job aligns,
-        before its worker captures (``tokenflow.control``, ``BUSY_TIMES``).  Default none."""
-        return []
-
     def take_changes(self) -> set[int] | None:
         """The bins whose exported table may differ from what it was at the previous call (or
         at ``mark_unchanged``, or when the state was created empty), and forget them: the

@@ -210,12 +210,6 @@ class AuctionBook(ColumnarState):
         least = self.least_expires()
         return [] if least is None else [least]
 
-    def send_times(self, since: int, step: int) -> list[int]:
-        """The distinct ``expires`` of open auctions that are multiples of ``step`` at or after
-        ``since`` (each may send a winner there; the operator's one token is at the least)."""
-        e = self.open["expires"]
-        return np.unique(e[(e >= since) & (e % step == 0)]).tolist()
-
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         snap = self.snapshot()
         return [(snap["open"], key_hashes(snap["open"], "id")),
