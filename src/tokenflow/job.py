@@ -196,6 +196,10 @@ class JobHandle:
     def snapshot(self, root: str, stop: bool = True, timeout: float = 60.0) -> int:
         """Snapshot the job at an epoch boundary under ``root``; returns the epoch.
 
+        The epoch is no later than a pause the job set on a source itself
+        (``SourceHandle.pause_at``), and with ``stop=False`` the job resumes but such a source
+        stays paused until the job resumes it (the control plane's pause is its own).
+
         Raises:
             ControlError: a worker did not answer within ``timeout`` s, or the job ended before
                 it could be snapshotted (``result()`` then has its results or its failure).
