@@ -277,13 +277,12 @@ def test_the_control_planes_hold_is_apart_from_the_jobs_pause() -> None:
     splits = table_splits(table, 8, time="t")
     own, early, late = 90, 50, 130
 
-    def job(worker: Worker) -> Capture:
-        def build(scope: Any) -> tuple[Capture, SourceHandle]:
-            stream, handle = replayable_source(scope, "Events", splits, "t",
-                                               granularity=GRANULARITY, max_rows=40,
-                                               pause_at=own)
-            return capture(stream), handle
+    def build(scope: Any) -> tuple[Capture, SourceHandle]:
+        stream, handle = replayable_source(scope, "Events", splits, "t", granularity=GRANULARITY,
+                                           max_rows=40, pause_at=own)
+        return capture(stream), handle
 
+    def job(worker: Worker) -> Capture:
         cap, handle = worker.dataflow(build)
         assert handle.job_pause == own
         handle.hold_at(late)  # later than the job's pause: the job's pause holds
@@ -306,12 +305,6 @@ def test_the_control_planes_hold_is_apart_from_the_jobs_pause() -> None:
     assert ids_by_time(results) == oracle(table, GRANULARITY)
 
     def early_hold(worker: Worker) -> list[int]:
-        def build(scope: Any) -> tuple[Capture, SourceHandle]:
-            stream, handle = replayable_source(scope, "Events", splits, "t",
-                                               granularity=GRANULARITY, max_rows=40,
-                                               pause_at=own)
-            return capture(stream), handle
-
         cap, handle = worker.dataflow(build)
         handle.hold_at(early)  # earlier than the job's pause: the hold stops it first
         worker.step_while(lambda: not handle.paused)
