@@ -279,3 +279,38 @@ def test_a_timed_directory_source_refuses_to_hand_over_and_joined_jobs_to_snapsh
     finally:
         (inbox / "_END").touch()
     handle.result(timeout=60)  # the job still ends: no source stays fenced
+
+
+def test_a_source_the_job_paused_refuses_to_hand_over_naming_its_pause() -> None:
+    """A handover while the job holds its own source at ``pause_at`` is refused, and the error
+    says the job paused it (not a snapshot round, which holds it with ``hold_at``)."""
+    from tokenflow.io.sources import replayable_source, table_splits
+
+    table = pa.table({"t": list(range(100)), "v": list(range(100))})
+    gate = threading.Event()
+    paused: list[int] = []
+
+    def job(worker: Any) -> None:
+        def build(scope: Any) -> Any:
+            return replayable_source(scope, "Paused", table_splits(table, 4, time="t"), "t",
+                                     pause_at=40, max_rows=10)[1]
+
+        source = worker.dataflow(build)
+        if worker.index < 2:
+            worker.step_while(lambda: not source.paused)
+            paused.append(worker.index)
+            while not gate.is_set():
+                worker.step_or_park()
+            source.resume()
+        worker.step_until_done()
+
+    handle = start(job, workers=2, runtime="thread", bins=BINS, slots=3)
+    try:
+        deadline = time.monotonic() + 30
+        while len(paused) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        with pytest.raises(HandoverError, match=r"'Paused' is paused by the job \(pause_at 40\)"):
+            handle.add_worker(sources=True)
+    finally:
+        gate.set()
+    handle.result(timeout=60)

@@ -43,7 +43,7 @@ handover is complete; names a leaving worker hands over are recorded as done by 
 receiver.  Not supported (``HandoverError``): sources with a ``time`` column over a directory
 (files are splits with rows ``>= t`` still being read by their owner), a source logging its
 division into epochs (``worker.input_log``: only under checkpoints, which a job with free
-worker slots refuses), a source paused by a snapshot round.
+worker slots refuses), a source paused (by a snapshot round or by the job).
 """
 
 from __future__ import annotations
@@ -140,8 +140,10 @@ def fence(reader: Any, margin: int) -> dict[str, Any]:
     moves = moves_of(reader)
     with reader.lock:
         if reader.pause is not None:
-            raise HandoverError(f"source {reader.name!r} is paused by a snapshot round: its "
-                                "work cannot be handed over at the same time")
+            by = "a snapshot round" if reader.held is not None else \
+                f"the job (pause_at {reader.own_pause})"
+            raise HandoverError(f"source {reader.name!r} is paused by {by}: its work cannot "
+                                "be handed over at the same time")
         waiting = bool(reader.waiting)
         holds = bool(reader.tokens) and not waiting
         step = int(reader.granularity)
