@@ -56,7 +56,9 @@ class ChannelState(BinnedState):
         self._entries: list[Entry] = []
         self._loaded: dict[tuple[int, ...], list[tuple[int, Any]]] = {}
         self._changed: set[int] = set()
-        self._stale: set[int] = set()  # bins loaded from a snapshot: emptied in the next one
+        # bins loaded from a snapshot: their messages are pushed again now, so the next
+        # checkpoint writes them empty (unless this worker's own capture has some there)
+        self._stale: set[int] = set()
 
     def record(self, entries: list[Entry]) -> None:
         """The messages of the capture being taken (replacing the previous capture's)."""
@@ -96,8 +98,3 @@ class ChannelState(BinnedState):
         changed = self._changed | self._stale
         self._changed, self._stale = set(), set()
         return changed
-
-    def mark_unchanged(self) -> None:
-        # the bins just loaded hold messages that are pushed again now: the next checkpoint
-        # must not keep them (it writes them empty unless this worker's own capture has some)
-        return None

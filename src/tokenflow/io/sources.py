@@ -870,32 +870,31 @@ class SourceHandle:
             ValueError: ``epoch`` is not a multiple of the granularity, or rows at or after it
                 were already emitted.
         """
-        self._set_pause(epoch, None)
+        self._pause(own=True, epoch=epoch)
 
     def hold_at(self, epoch: int) -> None:
         """The control plane's pause (a snapshot or checkpoint round), kept apart from the
         job's: the source stops at the earlier of the two, and ``release_hold`` lifts only
         this one.  Errors as for ``pause_at``."""
-        self._set_pause(None, epoch)
+        self._pause(own=False, epoch=epoch)
 
-    def _set_pause(self, own: int | None, held: int | None) -> None:
+    def _pause(self, own: bool, epoch: int | None) -> None:
+        """Set (``epoch``) or lift (None) the job's pause (``own``) or the control plane's."""
         r = self._reader
-        epoch = own if own is not None else held
-        assert epoch is not None
-        if epoch % r.granularity:
+        if epoch is not None and epoch % r.granularity:
             raise ValueError(f"{r.name}: pause epoch {epoch} is not a multiple of "
                              f"granularity={r.granularity}")
         with r.lock:
-            if r.max_emitted is not None and r.max_emitted >= epoch:
+            if epoch is not None and r.max_emitted is not None and r.max_emitted >= epoch:
                 raise ValueError(f"{r.name}: cannot pause at {epoch}: rows at time "
                                  f"{r.max_emitted} were already emitted")
             before = r.pause
-            if own is not None:
-                r.own_pause = own
+            if own:
+                r.own_pause = epoch
             else:
-                r.held = held
-            if r.pause != before:
-                r.paused = r.finished
+                r.held = epoch
+            if r.pause != before:  # the pause in effect moved: paused again once there
+                r.paused = r.finished and r.pause is not None
         r.activate()
 
     def limit(self, epoch: int | None) -> None:
@@ -911,23 +910,11 @@ class SourceHandle:
 
     def resume(self) -> None:
         """Lift the job's pause: the source reads on (up to the control plane's, if any)."""
-        self._lift(own=True)
+        self._pause(own=True, epoch=None)
 
     def release_hold(self) -> None:
         """Lift the control plane's pause (``hold_at``); a pause the job set stays."""
-        self._lift(own=False)
-
-    def _lift(self, own: bool) -> None:
-        r = self._reader
-        with r.lock:
-            before = r.pause
-            if own:
-                r.own_pause = None
-            else:
-                r.held = None
-            if r.pause != before:
-                r.paused = r.finished and r.pause is not None
-        r.activate()
+        self._pause(own=False, epoch=None)
 
     @property
     def job_pause(self) -> int | None:
