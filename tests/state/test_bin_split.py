@@ -125,3 +125,40 @@ def test_between_runs_before_each_blob_and_bad_bins_write_nothing(tmp_path: Any)
         write_worker_part(str(tmp_path), job=JOB, epoch=2, worker=0, bins=BINS,
                           states={"s": split})
     assert not list(tmp_path.glob("snapshot-*2"))
+
+
+def packs_oracle(rows: list[int], chosen: list[bool], group_rows: int,
+                 group_bins: int) -> list[tuple[int, int]]:
+    """``_packs``'s rule bin by bin: a run of chosen bins grows while it has fewer than
+    ``group_bins`` bins and fewer than ``group_rows`` rows."""
+    out, i, n = [], 0, len(rows)
+    while i < n:
+        if not chosen[i]:
+            i += 1
+            continue
+        j, size = i, 0
+        while j < n and chosen[j] and j - i < group_bins and (j == i or size < group_rows):
+            size += rows[j]
+            j += 1
+        out.append((i, j))
+        i = j
+    return out
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 40), st.booleans()), max_size=60),
+       st.integers(1, 100), st.integers(1, 8))
+def test_packs_cut_runs_of_chosen_bins_as_the_bin_by_bin_rule(
+        bins: list[tuple[int, bool]], group_rows: int, group_bins: int) -> None:
+    from tokenflow.state import snapshot
+
+    rows = [r for r, _ in bins]
+    chosen = [c for _, c in bins]
+    starts = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)[:-1])) if rows else []
+    split = BinSplit(pa.table({"k": pa.array(np.zeros(sum(rows), dtype=np.int64))}),
+                     np.arange(len(rows)), starts, np.asarray(starts) + np.asarray(rows, dtype=np.int64))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(snapshot, "GROUP_ROWS", group_rows)
+        patch.setattr(snapshot, "_GROUP_BINS", group_bins)
+        packs = list(snapshot._packs(split, np.array(chosen, dtype=bool)))
+    assert packs == packs_oracle(rows, chosen, group_rows, group_bins)

@@ -393,19 +393,24 @@ def _checked_states(states: Mapping[str, Mapping[int, pa.Table]], bins: int) -> 
 def _packs(split: BinSplit, chosen: np.ndarray) -> Iterator[tuple[int, int]]:
     """Index ranges ``[i, j)`` of ``split``'s bins to pack into shared blobs: maximal runs of
     consecutive ``chosen`` bins, cut before ``GROUP_ROWS`` rows or ``_GROUP_BINS`` bins (a
-    run is one slice of the split's table)."""
+    run is one slice of the split's table).  A pack ends with the bin that brings its rows to
+    ``GROUP_ROWS`` or more.  Python work per pack, not per bin: a q5 part of some 1,300 bins
+    took 1.4 ms of its writer's CPU bin by bin."""
     rows = split.rows()
-    i, n = 0, len(rows)
-    while i < n:
-        if not chosen[i]:
-            i += 1
-            continue
-        j, size = i, 0
-        while j < n and chosen[j] and j - i < _GROUP_BINS and (j == i or size < GROUP_ROWS):
-            size += int(rows[j])
-            j += 1
-        yield i, j
-        i = j
+    n = len(rows)
+    if n == 0:
+        return
+    mask = np.asarray(chosen, dtype=bool)
+    edges = np.flatnonzero(np.diff(np.concatenate(([False], mask, [False])).astype(np.int8)))
+    cumulative = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)))
+    for start, end in zip(edges[0::2].tolist(), edges[1::2].tolist(), strict=True):
+        i = start
+        while i < end:
+            # the first bin whose rows take the pack to GROUP_ROWS, or the run's end
+            full = int(np.searchsorted(cumulative, cumulative[i] + GROUP_ROWS, side="left"))
+            j = min(end, i + _GROUP_BINS, max(full, i + 1))
+            yield i, j
+            i = j
 
 
 class _BlobWriter:
@@ -482,10 +487,11 @@ class _BlobWriter:
             self.between()
         blob = _ipc_bytes(table)
         crc = zlib.crc32(blob)
+        size, epoch, worker = blob.size, self.epoch, self.worker  # looked up once, not per bin
         first = 0
         for b, rows in group:
-            entries[str(b)] = [offset, blob.size, crc, rows, first]
-            absolute[b] = [offset, blob.size, crc, rows, self.epoch, self.worker, first]
+            entries[str(b)] = [offset, size, crc, rows, first]
+            absolute[b] = [offset, size, crc, rows, epoch, worker, first]
             first += rows
         return blob
 
