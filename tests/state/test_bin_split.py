@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tokenflow.dataflow.state import split_by_bin
-from tokenflow.state import RoutingTable, Snapshot, commit_snapshot, write_worker_part
+from tokenflow.state import RoutingTable, Snapshot, commit_snapshot, snapshot, write_worker_part
 from tokenflow.state.bins import BinSplit
 
 BINS = 32
@@ -150,8 +150,6 @@ def packs_oracle(rows: list[int], chosen: list[bool], group_rows: int,
        st.integers(1, 100), st.integers(1, 8))
 def test_packs_cut_runs_of_chosen_bins_as_the_bin_by_bin_rule(
         bins: list[tuple[int, bool]], group_rows: int, group_bins: int) -> None:
-    from tokenflow.state import snapshot
-
     rows = [r for r, _ in bins]
     chosen = [c for _, c in bins]
     starts = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)[:-1])) if rows else []
