@@ -152,9 +152,9 @@ def test_packs_cut_runs_of_chosen_bins_as_the_bin_by_bin_rule(
         bins: list[tuple[int, bool]], group_rows: int, group_bins: int) -> None:
     rows = [r for r, _ in bins]
     chosen = [c for _, c in bins]
-    starts = np.concatenate(([0], np.cumsum(rows, dtype=np.int64)[:-1])) if rows else []
+    stops = np.cumsum(np.asarray(rows, dtype=np.int64))
     split = BinSplit(pa.table({"k": pa.array(np.zeros(sum(rows), dtype=np.int64))}),
-                     np.arange(len(rows)), starts, np.asarray(starts) + np.asarray(rows, dtype=np.int64))
+                     np.arange(len(rows)), stops - np.asarray(rows, dtype=np.int64), stops)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(snapshot, "GROUP_ROWS", group_rows)
         patch.setattr(snapshot, "_GROUP_BINS", group_bins)
