@@ -1421,8 +1421,8 @@ def recovery_commentary(runs: list[RecoveryRun], spark_launch: list[float] | Non
                "pyarrow and numpy once, and the mesh"
                if runtime == "process" else
                "a new barrier stage: task scheduling, Python workers forked by "
-               "`tokenflow.spark.daemon` (tokenflow, pyarrow and pandas imported before the "
-               "fork), the mesh")
+               "`tokenflow.spark.daemon` (tokenflow, pyarrow, pandas and PySpark's worker "
+               "imported before the fork, its cached zip importers dropped), the mesh")
             + f"; *load* ({med['load']:.2f} s) reads and unpickles each worker's half of the "
             f"state; *replay* ({med['replay']:.2f} s) recomputes the epochs since the checkpoint "
             "from the backlog, discarding their output, and commits the next one.  Each "
