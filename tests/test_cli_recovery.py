@@ -296,3 +296,36 @@ def test_nexmark_query_stopped_at_a_checkpoint_and_resumed(tmp_path: Path) -> No
                           strict=True))
 
     assert rows(out) == rows(whole)
+
+
+@pytest.mark.parametrize("command", [
+    ["nexmark", "query", "--query", "q4", "--events", "300000"],
+    ["flights"],
+], ids=["nexmark", "flights"])
+def test_built_in_jobs_take_checkpoints_on_the_process_runtime(tmp_path: Path,
+                                                               command: list[str]) -> None:
+    """``nexmark query`` and ``flights`` with ``--checkpoint`` on ``process``: the workers
+    report to the command's coordinator, and the checkpoints' commands reach them through
+    it (they went to another coordinator before, and no checkpoint was ever taken)."""
+    ckpt = tmp_path / "ckpt"
+    code, stdout, stderr = invoke(*command, "--runtime", "process", "--workers", "2",
+                                  "--output", str(tmp_path / "out"), "--checkpoint", str(ckpt),
+                                  "--checkpoint-interval", "100ms", "--quiet")
+    assert code == 0, stdout + stderr
+    taken = re.search(r"checkpoints: (\d+) in ", stdout)
+    assert taken is not None and int(taken.group(1)) > 0, stdout
+    assert committed_epochs(ckpt)
+
+
+def test_start_refuses_report_to_without_its_coordinator() -> None:
+    """Workers take commands from the coordinator they report to: ``report_to`` alone on
+    ``process`` would leave the handle's commands unanswered, so ``start`` refuses it."""
+    from tokenflow.coordinator import Coordinator
+    from tokenflow.job import start
+
+    display = Coordinator(host="127.0.0.1")
+    try:
+        with pytest.raises(ValueError, match="without coordinator="):
+            start(lambda worker: None, 2, "process", report_to=display.endpoint)
+    finally:
+        display.close()

@@ -1294,6 +1294,8 @@ def nexmark_query(
         roster = _RosterLine(RoutingTable.even(workers), err)
         scaling = {"elastic": True, "rescale_schedule": schedule, "strategy": strategy,
                    "coordinator": coordinator, "on_rescale": roster}
+    elif checkpoint is not None:  # the checkpoints' commands go through the coordinator
+        scaling = {"coordinator": coordinator}
         if slots > workers:
             scaling["max_workers"] = slots
             scaling["move_sources"] = move_sources
@@ -1337,10 +1339,7 @@ def nexmark_query(
                            for w, splits in sorted(result.read.items()))
         out.print(f"events read per worker (--move-sources): {shares}")
     if checkpoint is not None:
-        pauses = sorted(s.paused for s in result.checkpoints)
-        median = f", median pause {1000 * pauses[len(pauses) // 2]:.0f} ms" if pauses else ""
-        out.print(f"checkpoints: {len(result.checkpoints)} in {checkpoint}{median}; "
-                  f"{result.failures} worker failures recovered")
+        _print_checkpoints(out, checkpoint, result.checkpoints, result.failures)
 
 
 def _print_query(out: Console, result: Any, source: str, lag: int) -> None:
@@ -1394,7 +1393,8 @@ def flights(
     try:
         outcome = _live(lambda: run_flights_timed(workers, runtime.value, output, master,
                                                   report_to=endpoint, checkpoint=checkpoint,
-                                                  checkpoint_interval=interval, resume=resume),
+                                                  checkpoint_interval=interval, resume=resume,
+                                                  coordinator=coordinator),
                         workers, runtime.value, coordinator, err, quiet)
         if isinstance(outcome.get("error"), ValueError) and checkpoint is not None:
             _fail(str(outcome["error"]), 2)  # e.g. a fresh run over a directory holding checkpoints
@@ -1403,6 +1403,17 @@ def flights(
         coordinator.close()
         _stop_spark()
     _print_flights(out, result, workers, runtime.value, output)
+    if checkpoint is not None:
+        _print_checkpoints(out, checkpoint, result.checkpoints, result.failures)
+
+
+def _print_checkpoints(out: Console, directory: Path, checkpoints: list[Any], failures: int) -> None:
+    """One line: the checkpoints a built-in job took (``SnapshotStats``), their median pause
+    and the worker failures it recovered from."""
+    pauses = sorted(s.paused for s in checkpoints)
+    median = f", median pause {1000 * pauses[len(pauses) // 2]:.0f} ms" if pauses else ""
+    out.print(f"checkpoints: {len(checkpoints)} in {directory}{median}; "
+              f"{failures} worker failures recovered")
 
 
 def _print_flights(out: Console, result: Any, workers: int, runtime: str, output: Path | None) -> None:

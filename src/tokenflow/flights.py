@@ -39,7 +39,7 @@ import os
 import time
 import zipfile
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -123,13 +123,13 @@ def _parse_time_hour(text: pa.ChunkedArray) -> pa.ChunkedArray:
 def _check_local_fields(table: pa.Table) -> None:
     """Every ``time_hour``, in New York time, must have the row's year/month/day/hour."""
     local = table.column("time_hour").cast(pa.timestamp("ms", tz=LOCAL_TZ))
-    for field, fn in (("year", pc.year), ("month", pc.month), ("day", pc.day), ("hour", pc.hour)):
-        differs = pc.not_equal(fn(local), table.column(field).cast(pa.int64()))
+    for part, fn in (("year", pc.year), ("month", pc.month), ("day", pc.day), ("hour", pc.hour)):
+        differs = pc.not_equal(fn(local), table.column(part).cast(pa.int64()))
         if pc.any(differs).as_py():
             row = int(pc.index(differs, True).as_py())
             raise ValueError(
                 f"flights row {row}: time_hour {table.column('time_hour')[row]} is "
-                f"{local[row]} in {LOCAL_TZ}, but the row's {field} is {table.column(field)[row]}")
+                f"{local[row]} in {LOCAL_TZ}, but the row's {part} is {table.column(part)[row]}")
 
 
 @functools.lru_cache(maxsize=1)
@@ -456,6 +456,10 @@ class FlightsRun:
     latencies_ms: list[float]
     """Per hour (epoch): ms from all workers' input for the hour being sent to its statistics
     being complete, seen on worker 0 (``frontier_latencies``)."""
+    checkpoints: list[Any] = field(default_factory=list)
+    """With a checkpoint directory: each checkpoint's ``SnapshotStats``, in order."""
+    failures: int = 0
+    """With a checkpoint directory: worker failures recovered from."""
 
     @property
     def events_per_second(self) -> float:
@@ -529,7 +533,8 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
                       flights: pa.Table | None = None, max_rows: int = 8192,
                       report_to: tuple[str, int, str] | None = None,
                       checkpoint: str | os.PathLike[str] | None = None,
-                      checkpoint_interval: float = 1.0, resume: bool = False) -> FlightsRun:
+                      checkpoint_interval: float = 1.0, resume: bool = False,
+                      coordinator: Any = None) -> FlightsRun:
     """Run ``hourly_stats`` over the flights, streamed in ``time_hour`` order.
 
     Args:
@@ -557,6 +562,9 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
             is read back from the committed ``output/hourly`` (a restarted run's workers hold
             only what they computed since their checkpoint).
         resume: continue from the latest checkpoint under ``checkpoint``.
+        coordinator: with ``checkpoint`` on ``process`` or ``spark``, the ``Coordinator``
+            at ``report_to`` (the checkpoints' commands go through it; default: one made for
+            the job, without ``report_to``).
 
     Returns:
         A ``FlightsRun``: the ``HOURLY_SCHEMA`` table sorted by ``(time_hour, origin)``
@@ -595,12 +603,15 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
         from tokenflow.recovery import CheckpointedJob
 
         assert hourly is not None
+        if coordinator is not None:
+            options["coordinator"] = coordinator
         runner = CheckpointedJob(job, workers, runtime, checkpoint=checkpoint,
                                  interval=checkpoint_interval, name="tokenflow.flights",
                                  restore=resume, **options)
         results = runner.run()
         seconds = time.perf_counter() - start
-        return FlightsRun(read_hourly(hourly), table.num_rows, seconds, results[0][1])
+        return FlightsRun(read_hourly(hourly), table.num_rows, seconds, results[0][1],
+                          runner.stats, runner.failures)
     results = execute(job, workers=workers, runtime=runtime, **options)
     seconds = time.perf_counter() - start
     result = pa.concat_tables([r[0] for r in results])

@@ -437,7 +437,10 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
     ``bins`` and ``restore``.
 
     Raises:
-        ValueError: see ``execute``; SnapshotError: see ``JobSpec.create``.
+        ValueError: see ``execute``; ``report_to=`` without ``coordinator=`` on ``process``
+            or ``spark`` (the workers would await commands from the coordinator at
+            ``report_to``, which the handle cannot send through: no checkpoint or rescale
+            would ever reach them); SnapshotError: see ``JobSpec.create``.
     """
     from tokenflow.control import CoordinatorHub, QueueHub
     from tokenflow.execute import execute
@@ -452,6 +455,12 @@ def start(fn: Callable[[Any], Any], workers: int = 1, runtime: str = "thread",
         if coordinator is not None:
             options.setdefault("report_to", coordinator.endpoint)
     else:
+        if coordinator is None and options.get("report_to") is not None:
+            raise ValueError(f"report_to={options['report_to'][:2]} without coordinator=: on the "
+                             f"{runtime} runtime the workers take the control plane's commands "
+                             "from the coordinator they report to; pass that Coordinator as "
+                             "coordinator= (report_to= only gives its address as the workers "
+                             "reach it)")
         if coordinator is None:
             from tokenflow.coordinator import Coordinator
 

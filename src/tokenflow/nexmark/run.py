@@ -215,7 +215,9 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             ``dateTime`` rounded down to a multiple of it).
         lag: epochs a worker may have in flight (>= 1); without ``pace`` its sources are
             refilled in halves of it (``closed_loop_limit``).
-        report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``).
+        report_to: a coordinator endpoint for live progress (``tokenflow.coordinator``);
+            with ``checkpoint`` on ``process`` or ``spark`` pass that ``Coordinator`` as
+            ``coordinator`` too (the checkpoints' commands go through it).
         input: a directory with ``person``, ``auction`` and ``bid`` Parquet datasets (as
             ``tokenflow nexmark generate`` writes them); ``events`` and ``rate`` are then
             ignored.  The driver reads and checks it first (``tokenflow.nexmark.files``); each
@@ -501,6 +503,8 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     else:
         from tokenflow.recovery import CheckpointedJob
 
+        if coordinator is not None:
+            options["coordinator"] = coordinator  # the one the workers report to
         runner = CheckpointedJob(job, workers, runtime, checkpoint=checkpoint,
                                  interval=checkpoint_interval, name=f"nexmark.{name}",
                                  restore=resume, rescale_schedule=rescale_schedule,
