@@ -329,3 +329,32 @@ def test_start_refuses_report_to_without_its_coordinator() -> None:
             start(lambda worker: None, 2, "process", report_to=display.endpoint)
     finally:
         display.close()
+
+
+def test_nexmark_query_with_checkpoints_follows_a_rescale_schedule(tmp_path: Path) -> None:
+    """``nexmark query --checkpoint DIR --rescale-schedule``: the migrating state moves
+    between checkpoints and the committed output equals a run that never rescaled;
+    ``--elastic`` (live ``tokenflow scale`` requests) is still refused with checkpoints."""
+    from tokenflow.io import read_committed
+    from tokenflow.nexmark.run import run_query
+
+    whole, out, ckpt = tmp_path / "whole", tmp_path / "out", tmp_path / "ckpt"
+    run_query("q5", 1_000_000, workers=3, output=whole)
+    common = ["nexmark", "query", "--query", "q5", "--events", "1000000", "--workers", "3",
+              "--checkpoint", str(ckpt), "--checkpoint-interval", "100ms", "--quiet"]
+    code, stdout, stderr = invoke(*common, "--output", str(out),
+                                  "--rescale-schedule", "0.3s:2,0.8s:3")
+    assert code == 0, stdout + stderr
+    taken = re.search(r"checkpoints: (\d+) in ", stdout)
+    assert taken is not None and int(taken.group(1)) > 0, stdout
+    assert re.search(r"migration 1 at time \d+: workers \[0, 1, 2\] -> \[0, 1\]", stdout), stdout
+
+    def rows(path: Path) -> list[tuple[Any, ...]]:
+        table = read_committed(str(path))
+        return sorted(zip(*(table.column(c).to_pylist() for c in sorted(table.column_names)),
+                          strict=True))
+
+    assert rows(out) == rows(whole)
+    code, _, stderr = invoke(*common, "--output", str(tmp_path / "other"), "--elastic")
+    assert code == 2 and "--elastic and --max-workers cannot be combined with --checkpoint" \
+        in stderr

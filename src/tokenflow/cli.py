@@ -1243,6 +1243,8 @@ def nexmark_query(
     With ``--checkpoint DIR`` the query takes a checkpoint every ``--checkpoint-interval`` and
     restarts from the latest one when a worker dies; ``--resume`` continues it from DIR with
     the same options (the query, events, rate and output must be the same as the first run's).
+    A ``--rescale-schedule`` moves the migrating state between checkpoints (a restart asks for
+    the last roster again); ``--elastic`` and ``--max-workers`` are refused with it.
 
     Bad ``--input`` data (``InputError``, raised while the driver reads and checks the files,
     or by a worker) exits 2 with the message naming the file, column, row and value."""
@@ -1267,15 +1269,18 @@ def nexmark_query(
             schedule = parse_rescale_schedule(rescale_schedule, slots)
         except ValueError as exc:
             _fail(f"bad --rescale-schedule: {exc}", 2)
-    elastic = elastic or bool(schedule) or slots > workers
+    live = elastic or slots > workers  # asked for `tokenflow scale` requests, workers joining
+    elastic = live or bool(schedule)
     if strategy not in STRATEGY_NAMES:
         _fail(f"bad --strategy {strategy!r}: choose one of {', '.join(STRATEGY_NAMES)}", 2)
     if elastic:
         if not getattr(load(query), "ELASTIC", False):
             _fail(f"{query} has no migrating state (--elastic and --rescale-schedule: q4, q5, q8)", 2)
-        if checkpoint is not None:
-            _fail("--elastic and --rescale-schedule cannot be combined with --checkpoint "
-                  "(migrating state is not checkpointed yet)", 2)
+        if checkpoint is not None and live:
+            _fail("--elastic and --max-workers cannot be combined with --checkpoint: a running "
+                  "job's `tokenflow scale` requests and workers joining or leaving are not "
+                  "checkpointed (a --rescale-schedule is)", 2)
+    scalable = elastic and checkpoint is None  # takes `tokenflow scale` requests
     out = Console(highlight=False, soft_wrap=True)
     err = Console(stderr=True, highlight=False)
     _warn_capacity(err, slots, runtime.value, master)
@@ -1283,7 +1288,7 @@ def nexmark_query(
         master = master or f"local[{slots}]"
         startup = _start_spark(master, err, quiet=False)
         out.print(f"Spark start-up: {startup:.2f} s (master {master}; not counted below)")
-    coordinator, endpoint = _scale_coordinator(runtime, master) if elastic else \
+    coordinator, endpoint = _scale_coordinator(runtime, master) if scalable else \
         _coordinator(runtime, master)
     catalog = start_catalog(runtime, master, catalog_port, token_file, err) if publish else None
     roster: _RosterLine | None = None
@@ -1291,18 +1296,19 @@ def nexmark_query(
     if elastic:
         from tokenflow.state.bins import RoutingTable
 
-        roster = _RosterLine(RoutingTable.even(workers), err)
+        # (a checkpointed job's schedule runs in ``CheckpointedJob``, which reports no roster)
+        roster = _RosterLine(RoutingTable.even(workers), err) if scalable else None
         scaling = {"elastic": True, "rescale_schedule": schedule, "strategy": strategy,
                    "coordinator": coordinator, "on_rescale": roster}
-    elif checkpoint is not None:  # the checkpoints' commands go through the coordinator
-        scaling = {"coordinator": coordinator}
         if slots > workers:
             scaling["max_workers"] = slots
             scaling["move_sources"] = move_sources
+    elif checkpoint is not None:  # the checkpoints' commands go through the coordinator
+        scaling = {"coordinator": coordinator}
     try:
         from tokenflow.rescale.remote import control_file as control_file_for
 
-        with control_file_for(control_file if elastic else None, endpoint, f"nexmark.{query}",
+        with control_file_for(control_file if scalable else None, endpoint, f"nexmark.{query}",
                               workers):
             outcome = _live(lambda: run_query(query, events, rate=rate, workers=workers,
                                               runtime=runtime.value, master=master, output=output,
