@@ -1118,13 +1118,9 @@ class Snapshot:
         if wanted and not (0 <= wanted[0] and wanted[-1] < self.bins):
             raise ValueError(f"bins must be in [0, {self.bins}), got {wanted[0]}..{wanted[-1]}")
         blobs = self._blobs.get(state, {})
-        selected = [blobs[b] for b in wanted if b in blobs]
-        by_file: dict[tuple[int, int], list[_Blob]] = {}
-        for blob in selected:
-            by_file.setdefault((blob[7], blob[2]), []).append(blob)
         out: dict[int, pa.Table] = {}
-        for (epoch, worker), group in sorted(by_file.items()):
-            out.update(self._read_file(worker, epoch, sorted(group, key=lambda blob: blob[3])))
+        for epoch, worker, group in _by_file(blobs[b] for b in wanted if b in blobs):
+            out.update(self._read_file(worker, epoch, group))
         return {b: out[b] for b in sorted(out)}
 
     def _read_file(self, worker: int, epoch: int, blobs: list[_Blob],
@@ -1174,14 +1170,9 @@ class Snapshot:
             SnapshotError: a missing or corrupt ``.bins`` file (naming it).
         """
         for state in self.states():
-            blobs = self._blobs[state]
-            by_file: dict[tuple[int, int], list[_Blob]] = {}
-            for blob in blobs.values():
-                if blob[7] != self.epoch:
-                    by_file.setdefault((blob[7], blob[2]), []).append(blob)
-            for (epoch, worker), group in sorted(by_file.items()):
-                self._read_file(worker, epoch, sorted(group, key=lambda blob: blob[3]),
-                                decode=False)
+            older = (blob for blob in self._blobs[state].values() if blob[7] != self.epoch)
+            for epoch, worker, group in _by_file(older):
+                self._read_file(worker, epoch, group, decode=False)
         for worker in self.workers:
             path = self._bins_path(worker)
             data = _read_whole(self._fs, path, f"the blobs of worker {worker}")
@@ -1195,6 +1186,16 @@ class Snapshot:
     def __repr__(self) -> str:
         return (f"Snapshot(job={self.job!r}, epoch={self.epoch}, bins={self.bins}, "
                 f"workers={self.workers}, states={len(self._blobs)})")
+
+
+def _by_file(blobs: Iterable[_Blob]) -> list[tuple[int, int, list[_Blob]]]:
+    """``blobs`` grouped by the file holding them: ``(epoch, worker, blobs by offset)``, in
+    order of epoch and worker."""
+    files: dict[tuple[int, int], list[_Blob]] = {}
+    for blob in blobs:
+        files.setdefault((blob[7], blob[2]), []).append(blob)
+    return [(epoch, worker, sorted(group, key=lambda blob: blob[3]))
+            for (epoch, worker), group in sorted(files.items())]
 
 
 def _runs(blobs: list[_Blob]) -> Iterable[list[_Blob]]:
