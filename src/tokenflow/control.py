@@ -162,6 +162,10 @@ class Hub(Protocol):
         """Workers that will answer no more commands (they returned or died)."""
         ...
 
+    def started(self) -> set[int]:
+        """Workers that have started: they take commands, or took them and are gone."""
+        ...
+
 
 class Link(Protocol):
     """A worker's side: send replies, receive commands."""
@@ -187,6 +191,10 @@ class QueueHub:
     def gone(self) -> set[int]:
         """Workers that answer no more commands (they returned)."""
         return set(self._finished)
+
+    def started(self) -> set[int]:
+        """Every worker: threads take commands from their start."""
+        return set(range(len(self.commands)))
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         self.commands[worker].put(dict(message))
@@ -254,6 +262,11 @@ class CoordinatorHub:
     def gone(self) -> set[int]:
         """Workers that were connected and are no longer (they returned, or died)."""
         return self._seen - set(self.coordinator.connected())
+
+    def started(self) -> set[int]:
+        """Workers that have connected to the coordinator (now or before)."""
+        self._seen.update(self.coordinator.connected())
+        return set(self._seen)
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         """Send to ``worker``, waiting up to ``connect_timeout`` s for it to connect (workers

@@ -403,6 +403,12 @@ class CheckpointedJob:
             # restored: the operators route by the checkpoint's table; ask for the roster
             # asked for last again (the output does not depend on it, the final roster does)
             self._rescale(handle, self._asked)
+        workers = set(range(self.workers))
+        while handle.running and not workers <= handle.hub.started():
+            # the first interval begins once every worker has started: a checkpoint asked
+            # for earlier waits for their start and counts the wait as its pause
+            handle.wait(0.02)
+            self._follow_schedule(handle)
         while handle.running:
             deadline = time.monotonic() + self.interval
             while handle.running and not self._wake.is_set() and time.monotonic() < deadline:
