@@ -20,7 +20,7 @@ def test_a_killed_worker_is_recovered_whatever_the_margin(tmp_path: Path, table,
     pids = tmp_path / "pids"
     pids.mkdir()
     ckpt = tmp_path / "ckpt"
-    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.01),
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.03),
                           workers=2, runtime="process", checkpoint=ckpt, interval=0.2, name=NAME,
                           margin=margin)
     job.start()

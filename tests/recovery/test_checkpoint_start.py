@@ -30,7 +30,7 @@ def test_every_attempt_checkpoints_only_once_its_workers_have_started(
     pids = tmp_path / "pids"
     pids.mkdir()
     ckpt = tmp_path / "ckpt"
-    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.01),
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.03),
                           workers=2, runtime="process", checkpoint=ckpt, interval=0.02, name=NAME)
     job.start()
     wait_for(lambda: len(committed_epochs(ckpt)) >= 2)

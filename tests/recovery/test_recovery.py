@@ -32,7 +32,7 @@ def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expecte
     pids = tmp_path / "pids"
     pids.mkdir()
     ckpt = tmp_path / "ckpt"
-    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.01),
+    job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.03),
                           workers=2, runtime="process", checkpoint=ckpt, interval=0.2, name=NAME)
     job.start()
     wait_for(lambda: len(committed_epochs(ckpt)) >= 2)
