@@ -6,11 +6,12 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 from recovery_jobs import NAME, committed_rows, wait_for, wordcount
 
-from tokenflow import execute
+from tokenflow import execute, recovery
 from tokenflow.recovery import CheckpointedJob
 from tokenflow.state.snapshot import committed_epochs, snapshot_dir
 
@@ -28,20 +29,34 @@ def test_a_worker_that_raises_is_recovered_on_threads(tmp_path: Path, table, exp
     assert committed_rows(tmp_path / "out") == expected
 
 
-def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expected) -> None:
+def test_sigkill_of_a_worker_process_is_recovered(tmp_path: Path, table, expected,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Also: every attempt asks for checkpoints only once all its workers have started (one
+    asked for during their start-up waited for it and counted it as its pause)."""
+    started: list[bool] = []  # per take_snapshot call: had every worker started?
+    take_snapshot = recovery.take_snapshot
+
+    def recording(hub: Any, workers: list[int], *args: Any, **kwargs: Any) -> Any:
+        started.append(set(workers) <= hub.started())
+        return take_snapshot(hub, workers, *args, **kwargs)
+
+    monkeypatch.setattr(recovery, "take_snapshot", recording)
     pids = tmp_path / "pids"
     pids.mkdir()
     ckpt = tmp_path / "ckpt"
     job = CheckpointedJob(wordcount(table, str(tmp_path / "out"), pids=str(pids), pace=0.03),
-                          workers=2, runtime="process", checkpoint=ckpt, interval=0.2, name=NAME)
+                          workers=2, runtime="process", checkpoint=ckpt, interval=0.05, name=NAME)
     job.start()
     wait_for(lambda: len(committed_epochs(ckpt)) >= 2)
+    before = len(started)
     victim = sorted(pids.iterdir())[1]
     os.kill(int(victim.name.split("-")[0]), signal.SIGKILL)
     job.result(timeout=180)
     assert job.failures == 1
     assert len(list(pids.iterdir())) == 4  # two attempts of two workers
     assert committed_rows(tmp_path / "out") == expected
+    assert len(started) > before + 1  # the restarted attempt checkpointed too
+    assert all(started), started
 
 
 @pytest.mark.parametrize("point", ["snapshot.part", "parquet.commit"])
