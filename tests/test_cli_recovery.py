@@ -24,6 +24,7 @@ from typer.testing import CliRunner
 
 from tokenflow import execute
 from tokenflow.cli import app, parse_interval
+from tokenflow.io import read_committed
 from tokenflow.state.snapshot import committed_epochs
 
 TESTS = str(Path(__file__).resolve().parent)
@@ -39,6 +40,13 @@ job = wordcount(words_table(), {out!r}, pace={pace})
 
 SUMMARY = re.compile(r"checkpoints: last committed epoch (\d+|-), (\d+) taken, (\d+) restarts, "
                      r"median checkpoint pause [\d.]+ ms")
+
+
+def all_rows(path: Path) -> list[tuple[Any, ...]]:
+    """Every committed row of the dataset at ``path``, its columns in name order, sorted."""
+    table = read_committed(str(path))
+    return sorted(zip(*(table.column(c).to_pylist() for c in sorted(table.column_names)),
+                      strict=True))
 
 
 def invoke(*args: str) -> tuple[int, str, str]:
@@ -264,7 +272,6 @@ def test_checkpoints_of_an_empty_or_missing_directory(tmp_path: Path) -> None:
 def test_nexmark_query_stopped_at_a_checkpoint_and_resumed(tmp_path: Path) -> None:
     """``nexmark query --checkpoint DIR``: a stop request ends the run at a checkpoint, and
     ``--resume`` finishes it; the committed output equals a run without checkpoints."""
-    from tokenflow.io import read_committed
     from tokenflow.nexmark.run import run_query
     from tokenflow.recovery import STOP_REQUEST
 
@@ -290,12 +297,7 @@ def test_nexmark_query_stopped_at_a_checkpoint_and_resumed(tmp_path: Path) -> No
     assert code == 0, stdout
     assert committed_epochs(ckpt)[-1] >= stopped_at
 
-    def rows(path: Path) -> list[tuple[Any, ...]]:
-        table = read_committed(str(path))
-        return sorted(zip(*(table.column(c).to_pylist() for c in sorted(table.column_names)),
-                          strict=True))
-
-    assert rows(out) == rows(whole)
+    assert all_rows(out) == all_rows(whole)
 
 
 @pytest.mark.parametrize("command", [
@@ -335,7 +337,6 @@ def test_nexmark_query_with_checkpoints_follows_a_rescale_schedule(tmp_path: Pat
     """``nexmark query --checkpoint DIR --rescale-schedule``: the migrating state moves
     between checkpoints and the committed output equals a run that never rescaled;
     ``--elastic`` (live ``tokenflow scale`` requests) is still refused with checkpoints."""
-    from tokenflow.io import read_committed
     from tokenflow.nexmark.run import run_query
 
     whole, out, ckpt = tmp_path / "whole", tmp_path / "out", tmp_path / "ckpt"
@@ -349,12 +350,7 @@ def test_nexmark_query_with_checkpoints_follows_a_rescale_schedule(tmp_path: Pat
     assert taken is not None and int(taken.group(1)) > 0, stdout
     assert re.search(r"migration 1 at time \d+: workers \[0, 1, 2\] -> \[0, 1\]", stdout), stdout
 
-    def rows(path: Path) -> list[tuple[Any, ...]]:
-        table = read_committed(str(path))
-        return sorted(zip(*(table.column(c).to_pylist() for c in sorted(table.column_names)),
-                          strict=True))
-
-    assert rows(out) == rows(whole)
+    assert all_rows(out) == all_rows(whole)
     code, _, stderr = invoke(*common, "--output", str(tmp_path / "other"), "--elastic")
     assert code == 2 and "--elastic and --max-workers cannot be combined with --checkpoint" \
         in stderr

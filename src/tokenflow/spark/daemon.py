@@ -20,8 +20,8 @@ A fresh worker's first task also adds the session's SparkFiles directory to ``sy
 calls ``importlib.invalidate_caches()`` (``pyspark.worker_util.setup_spark_files``), which
 makes every ``zipimporter`` in ``sys.path_importer_cache`` read its archive's directory
 again: about 14 of them for ``pyspark.zip`` once pyspark's worker modules are imported, each
-re-reading the same few thousand entries, 0.2-0.4 s of a restarted barrier stage on a 2-core
-machine.  The daemon drops those cached importers before it forks (``forget_zip_importers``).
+re-reading the same 1,485 entries (PySpark 4.3.0), 0.2-0.4 s of a restarted barrier stage on a
+2-core machine.  The daemon drops those cached importers before it forks (``forget_zip_importers``).
 """
 
 from __future__ import annotations

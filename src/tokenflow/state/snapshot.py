@@ -1143,14 +1143,8 @@ class Snapshot:
                 data = pa.py_buffer(handle.read_at(size, start))
                 with self._lock:
                     self.bytes_read[worker] = self.bytes_read.get(worker, 0) + data.size
-                if not decode:  # a shared blob is checked once, naming its bins
-                    spans: dict[tuple[int, int, int], list[int]] = {}
-                    for blob in run:
-                        spans.setdefault((blob[3], blob[4], blob[5]), []).append(blob[1])
-                    for (offset, length, crc), in_blob in spans.items():
-                        named = f"bin {in_blob[0]}" if len(in_blob) == 1 else f"bins {in_blob}"
-                        _checked(f"{path}: state {run[0][0]!r} {named} (offset {offset}, "
-                                 f"{length} bytes)", data, start, offset, length, crc)
+                if not decode:
+                    _check_run(path, data, start, run)
                     continue
                 shared: dict[int, pa.Table] = {}  # offset -> a shared blob's whole table
                 for blob in run:
@@ -1234,6 +1228,18 @@ def _decode(path: str, data: pa.Buffer, start: int, blob: _Blob,
     if table.num_rows != rows:
         raise SnapshotError(f"{where}: {table.num_rows} rows, index says {rows}")
     return table
+
+
+def _check_run(path: str, data: pa.Buffer, start: int, run: list[_Blob]) -> None:
+    """Check every blob of ``run`` (read from offset ``start`` of ``path`` into ``data``)
+    against its crc32, a shared blob once, naming its bins."""
+    spans: dict[tuple[int, int, int], list[int]] = {}
+    for blob in run:
+        spans.setdefault((blob[3], blob[4], blob[5]), []).append(blob[1])
+    for (offset, length, crc), bins in spans.items():
+        named = f"bin {bins[0]}" if len(bins) == 1 else f"bins {bins}"
+        _checked(f"{path}: state {run[0][0]!r} {named} (offset {offset}, {length} bytes)",
+                 data, start, offset, length, crc)
 
 
 def _checked(where: str, data: pa.Buffer, start: int, offset: int, length: int,
