@@ -109,6 +109,15 @@ Commands (driver -> workers) and replies (workers -> driver):
 ``resume`` / ``stop``
     sources go on (the barrier comes down, messages kept back go out) / the worker ends its
     dataflows and returns.
+``bin_bytes``
+    reply ``bin_bytes`` with ``bins`` and ``bytes`` (equal-length lists): the bytes per bin of
+    the state of the worker's migrating operators (``Controller.bin_bytes``, summed over
+    operators; bins holding none left out), read between two steps.
+``rescale`` ``roster``, ``strategy``, ``replace``, ``sizes`` (to worker 0)
+    its migrating operators move to the table for ``roster`` (``rescale_roster``; with
+    ``sizes``, the bytes per bin the driver gathered by ``bin_bytes`` as ``[bins, bytes]``,
+    the bins that move are chosen by bytes) or, with ``replace`` ``[old, new]``, move every
+    bin of ``old`` to ``new``; replies ``rescaled`` with the ``steps`` (or an ``error``).
 
 Quiescence (the quiescent protocol): a worker replies ``idle`` only with nothing left to run,
 and it takes no step until the verdict, so after its reply it sends nothing.  A record counted
@@ -132,6 +141,8 @@ from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+import numpy as np
 
 from tokenflow.dataflow.channel_state import KEY as CHANNEL_STATE
 from tokenflow.faults import crash_point
@@ -729,9 +740,20 @@ class ControlAgent:
                 old, new = (int(w) for w in replace)
                 steps = sum(r.replace_owner(old, new, strategy) for r in live)
             else:
-                steps = sum(r.rescale_roster(roster, strategy) for r in live)
+                try:
+                    sizes = _dense_sizes(message.get("sizes"), live[0].table.bins) if live \
+                        else None
+                except ControlError as exc:
+                    self.link.send({"kind": "rescaled", "worker": worker.index,
+                                    "round": self.round, "steps": 0, "error": str(exc)})
+                    return None
+                steps = sum(r.rescale_roster(roster, strategy, sizes) for r in live)
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
+        elif kind == "bin_bytes":
+            held, weights = _held_bytes(worker.rescalers)
+            self.link.send({"kind": "bin_bytes", "worker": worker.index, "round": self.round,
+                            "bins": held, "bytes": weights})
         elif kind in MEMBERSHIP_COMMANDS:
             self.membership.handle(worker, message)
         elif kind == "stop":
@@ -747,6 +769,45 @@ class ControlAgent:
         else:
             raise ControlError(f"worker {worker.index}: unknown command {message!r}")
         return None
+
+
+def _held_bytes(rescalers: Iterable[Any]) -> tuple[list[int], list[float]]:
+    """The bins holding state on this worker and their bytes, summed over its migrating
+    operators (``Controller.bin_bytes``; operators that declared no state yet are left out)."""
+    total: np.ndarray | None = None
+    for r in rescalers:
+        sizes = r.bin_bytes()
+        if sizes is None:
+            continue
+        sizes = np.asarray(sizes, dtype=np.float64)
+        if total is None:
+            total = sizes.copy()
+        elif len(sizes) == len(total):
+            total += sizes
+    if total is None:
+        return [], []
+    held = np.flatnonzero(total)
+    return held.tolist(), total[held].tolist()
+
+
+def _dense_sizes(sparse: Any, bins: int) -> np.ndarray | None:
+    """``[bins, bytes]`` (``rescale``'s ``sizes``) as one number per bin; None when absent.
+
+    Raises:
+        ControlError: a malformed list (not two equal-length lists, a bin out of range).
+    """
+    if sparse is None:
+        return None
+    try:
+        held, values = sparse
+        out = np.zeros(bins)
+        index = np.asarray(held, dtype=np.int64)
+        if len(index) != len(values) or (len(index) and (index.min() < 0 or index.max() >= bins)):
+            raise ValueError("bins out of range or lists of different lengths")
+        out[index] = np.asarray(values, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise ControlError(f"malformed sizes in a rescale command: {exc}") from exc
+    return out
 
 
 _LATER = {"captured": ("written", "write_failed"), "dismissed": ("left",)}

@@ -14,6 +14,7 @@ so that only the bins whose owner changes are read by a worker that did not writ
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -26,6 +27,10 @@ from tokenflow.state.snapshot import Snapshot
 
 FAILURE_WAIT = 5.0
 """Seconds a command that failed waits for a failing job to end, to name its failure."""
+SIZES_TIMEOUT = 5.0
+"""Seconds ``JobHandle.rescale`` waits for the workers' state bytes per bin (``bin_bytes``)
+before it moves bins by their counts alone."""
+_SIZE_ROUNDS = itertools.count()
 
 
 def job_name(fn: Callable[..., Any]) -> str:
@@ -227,7 +232,10 @@ class JobHandle:
         """Spread the bins of every migrating operator (``tokenflow.rescale``) over
         ``roster`` (worker indices, or ``n`` for workers ``0..n-1``) while the job runs,
         moving only the bins whose owner changes; returns the number of steps.  The job's
-        processes stay: a worker outside the roster keeps running and owns no bins.
+        processes stay: a worker outside the roster keeps running and owns no bins.  Which
+        bins move is chosen by the state's bytes per bin, gathered from every worker first
+        (``_bin_bytes``; ``RoutingTable.rebalanced`` with ``sizes``): going from W to W + 1
+        workers moves about ``1/(W + 1)`` of the bytes.
 
         Raises:
             ValueError: a roster member that is not a worker of the job.
@@ -239,8 +247,47 @@ class JobHandle:
         if not members or not set(members) <= set(self.roster) | set(range(self.workers)):
             raise ValueError(f"roster {members} is not within the job's workers {self.roster} "
                              "(add_worker first)")
-        return self._rescale({"roster": members, "strategy": strategy}, timeout,
-                             f"the rescale to {members}")
+        command: dict[str, Any] = {"roster": members, "strategy": strategy}
+        with self._naming_failure(timeout):
+            sizes = self._bin_bytes(min(timeout, SIZES_TIMEOUT))
+            if sizes is not None:
+                command["sizes"] = sizes
+            return self._rescale(command, timeout, f"the rescale to {members}")
+
+    def _bin_bytes(self, timeout: float) -> list[list[Any]] | None:
+        """The job's state bytes per bin, summed over the roster's workers (each answers the
+        control plane's ``bin_bytes`` between two of its steps), as ``[bins, bytes]`` for a
+        ``rescale`` command's ``sizes``: the bins that move are then chosen by bytes
+        (``RoutingTable.rebalanced``).  None when a worker did not answer within ``timeout``
+        s (e.g. it ended): the bins then move as the bin counts alone decide.
+
+        Raises:
+            ControlError: worker 0 (which carries out the rescale) cannot be reached.
+        """
+        from tokenflow.control import ControlError
+
+        round_ = f"bin_bytes-{next(_SIZE_ROUNDS)}"
+        waiting = set(self.roster)
+        for w in sorted(waiting):
+            try:
+                self.hub.send(w, {"kind": "bin_bytes", "round": round_})
+            except (ControlError, OSError, KeyError):
+                if w == 0:
+                    raise
+                return None
+        totals: dict[int, float] = {}
+        deadline = time.monotonic() + timeout
+        while waiting and time.monotonic() < deadline and self.running:
+            reply = self.hub.receive(0.05)
+            if reply is None or reply.get("kind") != "bin_bytes" or reply.get("round") != round_:
+                continue
+            waiting.discard(reply.get("worker"))
+            for b, size in zip(reply.get("bins", ()), reply.get("bytes", ()), strict=False):
+                totals[int(b)] = totals.get(int(b), 0.0) + float(size)
+        if waiting:
+            return None
+        held = sorted(totals)
+        return [held, [totals[b] for b in held]]
 
     def _rescale(self, command: dict[str, Any], timeout: float, what: str) -> int:
         """Send worker 0 a ``rescale`` command and wait for its ``rescaled`` (its steps).

@@ -412,3 +412,26 @@ def test_take_to_refuses_bins_and_owners_of_different_lengths() -> None:
     with pytest.raises(ValueError, match="3 bins but 2 new owners"):
         state.take_to(np.array([0, 1, 2]), np.array([1, 1]))
     same_tables(state.export(), before, ordered=False, what="after the refused take")
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**31), bins=st.sampled_from([1, 8, 64, 256]))
+@pytest.mark.parametrize("kind", sorted(STATES))
+def test_bin_bytes_estimates_the_exported_shares(kind: str, seed: int, bins: int) -> None:
+    """``bin_bytes`` (rows per bin times bytes per row, no table built) against the exact
+    bytes of ``export()`` (``BinnedState.bin_bytes``): the same bins hold state, and any set
+    of bins holds about the same share of the bytes (what a rescale chooses bins by)."""
+    from tokenflow.dataflow.state import BinnedState
+
+    state = STATES[kind][0](np.random.default_rng(seed))
+    rng = np.random.default_rng(seed + 1)
+    state.attach(bins, int(rng.integers(0, bins)))
+    estimate, exact = state.bin_bytes(), BinnedState.bin_bytes(state)
+    assert estimate.shape == exact.shape == (bins,)
+    assert ((estimate > 0) == (exact > 0)).all(), kind
+    if not exact.any():
+        return
+    for _ in range(10):
+        chosen = rng.random(bins) < 0.3
+        share = estimate[chosen].sum() / estimate.sum()
+        assert abs(share - exact[chosen].sum() / exact.sum()) <= 0.1, kind

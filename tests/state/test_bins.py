@@ -87,3 +87,82 @@ def test_keys_spread_evenly_over_bins_and_workers() -> None:
     routes = RoutingTable.even(3).routes(stable_hash(keys))
     shares = np.bincount(routes, minlength=3) / len(keys)
     assert np.abs(shares - 1 / 3).max() < 0.02
+
+
+def _sizes(data: st.DataObject, bins: int) -> np.ndarray:
+    """Bytes per bin of a state of a few to many keys, each of a random size: the lumpy
+    spread small states have (most bins empty or holding one key)."""
+    keys = data.draw(st.integers(1, 3 * bins))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    return np.bincount(rng.integers(0, bins, keys), weights=rng.uniform(10, 400, keys),
+                       minlength=bins)
+
+
+@given(st.integers(1, 12), st.sampled_from([64, 256, 4096]), st.data())
+def test_scale_out_by_size_moves_one_share_of_the_bytes(workers: int, bins: int,
+                                                        data: st.DataObject) -> None:
+    """With bytes per bin, W -> W+1 moves as many bins as without, all to the newcomer, and
+    about ``1/(W+1)`` of the bytes: at most the moved bins' share of the total plus one of
+    the largest bins per donor (what a choice of whole bins can miss its goal by)."""
+    old = RoutingTable.even(workers, bins)
+    sizes = _sizes(data, bins)
+    new = old.rebalanced(range(workers + 1), sizes)
+    moved = old.moved(new)
+    assert len(moved) == len(old.moved(old.rebalanced(range(workers + 1))))
+    assert (new.owners[moved] == workers).all()
+    total = sizes.sum()
+    share = (len(moved) + workers) / bins * total
+    assert sizes[moved].sum() <= share + workers * sizes.max() + 1e-6
+
+
+def test_by_size_the_bins_that_hold_the_bytes_stay_where_they_are() -> None:
+    """A state held entirely in the bins the counts alone would move (each donor's highest):
+    by index all of it moves; by size about a third (each donor gives what it holds beyond
+    the average, the rest of its excess bins being empty ones)."""
+    old = RoutingTable.even(2, 64)
+    by_index = old.rebalanced(range(3))
+    sizes = np.zeros(64)
+    sizes[old.moved(by_index)] = 100.0
+    by_size = old.rebalanced(range(3), sizes)
+    assert sizes[old.moved(by_index)].sum() == sizes.sum()
+    assert len(old.moved(by_size)) == len(old.moved(by_index))
+    assert sizes[old.moved(by_size)].sum() <= sizes.sum() / 3 + sizes.max()
+
+
+@given(st.integers(2, 12), st.data())
+def test_scale_in_by_size_still_moves_exactly_the_leaving_workers_bins(
+        workers: int, data: st.DataObject) -> None:
+    old = RoutingTable.even(workers, 1024)
+    leaving = data.draw(st.integers(0, workers - 1))
+    new = old.rebalanced([w for w in range(workers) if w != leaving], _sizes(data, 1024))
+    assert sorted(old.moved(new).tolist()) == old.owned_by(leaving).tolist()
+    counts = list(new.counts().values())
+    assert max(counts) - min(counts) <= 1
+
+
+@given(st.lists(st.sets(st.integers(0, 12), min_size=1, max_size=8), min_size=1, max_size=6),
+       st.data())
+def test_by_size_any_sequence_of_rosters_moves_the_minimum_number_of_bins(
+        rosters: list[set[int]], data: st.DataObject) -> None:
+    table = RoutingTable.even(2, 1024)
+    for roster in rosters:
+        new = table.rebalanced(roster, _sizes(data, 1024))
+        assert set(new.counts()) == roster
+        counts = list(new.counts().values())
+        assert max(counts) - min(counts) <= 1
+        kept = sum(min(int((table.owners == w).sum()), new.counts()[w]) for w in roster)
+        assert len(table.moved(new)) == table.bins - kept
+        table = new
+
+
+def test_sizes_of_another_length_or_negative_are_refused() -> None:
+    table = RoutingTable.even(2, 64)
+    with pytest.raises(ValueError, match="expected 64 numbers"):
+        table.rebalanced(range(3), np.ones(63))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        table.rebalanced(range(3), np.full(64, -1.0))
+    with pytest.raises(ValueError, match="finite and >= 0"):
+        table.rebalanced(range(3), np.full(64, np.nan))
+    # no bytes held anywhere: the same table as without sizes
+    assert table.rebalanced(range(3), np.zeros(64)) == table.rebalanced(range(3))

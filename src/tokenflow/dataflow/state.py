@@ -37,6 +37,7 @@ checksum, as before.
 
 from __future__ import annotations
 
+import itertools
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping
 from typing import Any, ClassVar, Generic, TypeVar
@@ -54,6 +55,8 @@ S = TypeVar("S")
 
 PICKLE_SCHEMA = pa.schema([("pickle", pa.binary())])
 """Layout of a bin whose state is Python objects: one row, the cloudpickled object."""
+SIZE_SAMPLE = 32
+"""Items a ``KeyedState`` pickles to estimate its bytes per key (``bin_bytes``)."""
 
 
 def pickled(value: Any) -> pa.Table:
@@ -185,6 +188,19 @@ class BinnedState(ABC):
     def pending_times(self) -> list[Any]:
         """Times at which the operator holds tokens because of this state (default none)."""
         return []
+
+    def bin_bytes(self) -> np.ndarray:
+        """Bytes of state per bin: a float64 array of ``bins`` entries (0 for a bin not held),
+        the weights a rescale chooses the bins that move by (``RoutingTable.rebalanced``
+        with ``sizes``).  Estimates are fine; what counts is the bins' proportions.  The
+        default exports the whole state and takes each bin's ``pa.Table.nbytes`` (exact, at
+        the cost of an export); states that index their rows by bin estimate it without
+        serializing."""
+        out = np.zeros(self.bins or 1)
+        for b, table in self.export().items():
+            if 0 <= b < len(out):
+                out[b] += table.nbytes
+        return out
 
     def take_changes(self) -> set[int] | None:
         """The bins whose exported table may differ from what it was at the previous call (or
@@ -414,6 +430,21 @@ class KeyedState(BinnedState, MutableMapping[K, V]):
         if self._times is None:
             return []
         return sorted({t for v in dict.values(self.data) for t in self._times(v)})
+
+    def bin_bytes(self) -> np.ndarray:
+        """Keys per bin (from the bin index) times the mean pickled size of up to
+        ``SIZE_SAMPLE`` of them: no pass over the values."""
+        self._index()
+        out = np.zeros(self.bins or 1)
+        if not self._members:
+            return out
+        bins = np.fromiter(self._members, np.int64, len(self._members))
+        counts = np.fromiter((len(k) for k in self._members.values()), np.float64, len(bins))
+        sample = dict(itertools.islice(dict.items(self.data), SIZE_SAMPLE))
+        per_key = len(cloudpickle.dumps(sample)) / max(1, len(sample))
+        keep = bins < len(out)
+        out[bins[keep]] = counts[keep] * per_key
+        return out
 
 
 class LocalState(BinnedState, Generic[S]):

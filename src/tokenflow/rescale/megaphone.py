@@ -430,6 +430,10 @@ class Controller:
         records its routing table (``ROUTING_META``)."""
         self.states: list[str] = []
         """Keys of the operator states this worker registered for it (``Worker.states``)."""
+        self.bin_bytes: Callable[[], np.ndarray | None] = lambda: None
+        """Bytes of the operator's state on this worker per bin (``BinnedState.bin_bytes``;
+        None: no state declared yet): what the control plane's ``bin_bytes`` command sums
+        over workers, for ``rescale_roster``'s ``sizes``."""
         self.settled: Callable[[int], str | None] = lambda epoch: None
         """``settled(e)``: why this worker's router is not ready for a checkpoint at epoch
         ``e`` (a move at a time ``<= e`` not sent yet), or None."""
@@ -474,12 +478,19 @@ class Controller:
         adopted, self._adopted = self._adopted, []
         return adopted
 
-    def rescale_roster(self, roster: list[int], strategy: str = "batched") -> int:
+    def rescale_roster(self, roster: list[int], strategy: str = "batched",
+                       sizes: np.ndarray | None = None) -> int:
         """Move to the table that spreads the bins evenly over ``roster`` moving the fewest
-        (``RoutingTable.rebalanced``); returns the number of steps (0 on workers but 0)."""
+        (``RoutingTable.rebalanced``; with ``sizes``, the job's state bytes per bin summed
+        over workers and operators, the bins that move are chosen by bytes); returns the
+        number of steps (0 on workers but 0).
+
+        Raises:
+            ValueError: ``sizes`` not one finite, non-negative number per bin.
+        """
         if not self.driving:
             return 0
-        return self.rescale(self.table.rebalanced(roster), strategy)
+        return self.rescale(self.table.rebalanced(roster, sizes), strategy)
 
     def replace_owner(self, old: int, new: int, strategy: str = "batched") -> int:
         """Move every bin of worker ``old`` to worker ``new`` and nothing else
@@ -1141,6 +1152,7 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     register_state(worker, f"{prefix}/values", state, owners)
     register_state(worker, f"{prefix}/pending", stash, owners)
     controller.states = [f"{prefix}/values", f"{prefix}/pending"]
+    controller.bin_bytes = state.bin_bytes
 
     activate = state_op.activator()
 

@@ -285,6 +285,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
         if state.home_bin < 0:
             state.home_bin = 0
         controller.states.append(key)
+        controller.bin_bytes = state.bin_bytes
         migration.state = state
         shared.take = _take(state)
         shared.per_bin = bool(getattr(state, "take_per_bin", True))

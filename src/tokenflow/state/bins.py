@@ -16,6 +16,7 @@ another roster from an existing one moving as few bins as possible.
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -195,18 +196,33 @@ class RoutingTable:
         out.update(zip(values.tolist(), counts.tolist(), strict=True))
         return out
 
-    def rebalanced(self, roster: Iterable[int]) -> RoutingTable:
+    def rebalanced(self, roster: Iterable[int],
+                   sizes: np.ndarray | Sequence[float] | None = None) -> RoutingTable:
         """The table for ``roster`` that moves the fewest bins from this one while giving
         every member ``bins // n`` or ``bins // n + 1`` bins (``n = len(roster)``).
 
         The ``bins % n`` shares one bin larger go to the members owning the most bins now
-        (ties: lower index first); members keep their lowest bins up to their share; the bins
-        of departed members and the excess of the others go, in bin order, to the members
-        below their share, in ascending order.  Going from ``W`` to ``W + 1`` even members
-        moves ``bins // (W + 1)`` or one more bin, all to the newcomer.
+        (ties: lower index first).  The bins of departed members always move; a member above
+        its share gives away its excess.  Without ``sizes``, members keep their lowest bins up
+        to their share and the bins that move go, in bin order, to the members below their
+        share, in ascending order.  Going from ``W`` to ``W + 1`` even members moves
+        ``bins // (W + 1)`` or one more bin, all to the newcomer.
+
+        With ``sizes`` (bytes of state per bin, one non-negative number per bin: the
+        estimates the workers report, ``BinnedState.bin_bytes``), the same bins counts move,
+        but which ones is chosen by bytes, so that the state moved is what balances the
+        bytes and not whatever the bins in index order happen to hold: a member above its
+        share gives away bins holding as close as it can get to what it holds beyond
+        ``total / n`` (its smallest bins when it holds no more than that), and the moving bins,
+        largest first, go to the member below its share with the most bytes missing to
+        ``total / n``.  Going from ``W`` to ``W + 1`` members that hold the state evenly then
+        moves about ``1/(W + 1)`` of the bytes whatever their spread over the bins
+        (distributed-DBSP design, "Scaling state": the bound the bin count alone only
+        meets on average).
 
         Raises:
-            ValueError: an empty roster or a negative worker index.
+            ValueError: an empty roster, a negative worker index, or ``sizes`` of another
+                length than the bin count or with a negative or non-finite entry.
         """
         members = sorted(set(roster))
         if not members:
@@ -217,6 +233,10 @@ class RoutingTable:
         current = self.counts()
         larger = sorted(members, key=lambda w: (-current.get(w, 0), w))[: bins % n]
         share = {w: bins // n + (1 if w in larger else 0) for w in members}
+        if sizes is not None:
+            weights = _checked_sizes(sizes, bins)
+            if weights.any():  # (no state held anywhere yet: no bytes to choose by)
+                return self._rebalanced_by_size(members, share, weights)
         owners = self.owners.copy()
         kept = dict.fromkeys(members, 0)
         pool: list[int] = []
@@ -229,6 +249,37 @@ class RoutingTable:
         for w in members:
             for _ in range(share[w] - kept[w]):
                 owners[next(it)] = w
+        return RoutingTable(owners, members, self.version + 1)
+
+    def _rebalanced_by_size(self, members: list[int], share: dict[int, int],
+                            sizes: np.ndarray) -> RoutingTable:
+        """``rebalanced`` with bytes per bin: see there."""
+        target = float(sizes.sum()) / len(members)
+        owners = self.owners.copy()
+        held = {w: 0.0 for w in members}
+        pool: list[int] = []
+        for w in sorted(set(self._owners_list)):
+            mine = np.flatnonzero(self.owners == w)
+            if w not in share:
+                pool.extend(mine.tolist())
+                continue
+            excess = len(mine) - share[w]
+            if excess > 0:
+                mass = float(sizes[mine].sum())
+                goal = min(mass * excess / len(mine), max(0.0, mass - target))
+                given = _closest_sum(sizes[mine], excess, goal)
+                pool.extend(mine[given].tolist())
+                mine = np.delete(mine, given)
+            held[w] = float(sizes[mine].sum())
+        owned = self.counts()
+        room = {w: max(0, share[w] - owned.get(w, 0)) for w in members}
+        order = sorted(pool, key=lambda b: (-float(sizes[b]), b))
+        for b in order:
+            w = max((m for m in members if room[m] > 0),
+                    key=lambda m: (target - held[m], -m))
+            owners[b] = w
+            room[w] -= 1
+            held[w] += float(sizes[b])
         return RoutingTable(owners, members, self.version + 1)
 
     def replaced(self, old: int, new: int) -> RoutingTable:
@@ -297,5 +348,38 @@ class RoutingTable:
     def __repr__(self) -> str:
         return f"RoutingTable(bins={self.bins}, roster={list(self.roster)}, counts={self.counts()})"
 
+
+
+def _checked_sizes(sizes: np.ndarray | Sequence[float], bins: int) -> np.ndarray:
+    """``sizes`` as float64, one finite non-negative number per bin.
+
+    Raises:
+        ValueError: another length, or a negative or non-finite entry.
+    """
+    array = np.asarray(sizes, dtype=np.float64)
+    if array.shape != (bins,):
+        raise ValueError(f"sizes per bin: expected {bins} numbers, got shape {array.shape}")
+    if not np.isfinite(array).all() or (array < 0).any():
+        raise ValueError("sizes per bin must be finite and >= 0")
+    return array
+
+
+def _closest_sum(values: np.ndarray, k: int, goal: float) -> np.ndarray:
+    """Positions of ``k`` of ``values`` whose sum comes close to ``goal`` (greedy: each pick
+    is the value nearest to what is left of the goal over the picks left; the smallest
+    values when ``goal <= 0``).  ``k <= len(values)``."""
+    order = np.argsort(values, kind="stable")
+    ranked = values[order].tolist()
+    positions = order.tolist()
+    picked: list[int] = []
+    left = goal
+    for remaining in range(k, 0, -1):
+        want = left / remaining
+        i = bisect.bisect_left(ranked, want)
+        if i == len(ranked) or (i > 0 and want - ranked[i - 1] <= ranked[i] - want):
+            i -= 1
+        left -= ranked.pop(i)
+        picked.append(positions.pop(i))
+    return np.array(sorted(picked), dtype=np.int64)
 
 __all__ = ["DEFAULT_BINS", "MAX_BINS", "BinSplit", "RoutingTable", "bins_of", "check_bins"]

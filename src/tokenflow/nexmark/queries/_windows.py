@@ -604,6 +604,22 @@ class ColumnarState(BinnedState):
         """Whether worker-local rows (exported under the home bin) are among ``member``."""
         return 0 <= self.home_bin < len(member) and bool(member[self.home_bin])
 
+    def bin_bytes(self) -> np.ndarray:
+        """Rows per bin of each part times that part's mean bytes per row
+        (``pa.Table.nbytes / num_rows``; worker-local rows under the home bin): one
+        ``bins_of`` over the held hashes, no table built."""
+        size = self.bins or 1
+        out = np.zeros(size)
+        for table, hashes in self.rows():
+            if table.num_rows == 0:
+                continue
+            if hashes is None:
+                out[min(max(self.home_bin, 0), size - 1)] += table.nbytes
+            else:
+                rows = np.bincount(bins_of(hashes, size), minlength=size)
+                out += rows * (table.nbytes / table.num_rows)
+        return out
+
     def export(self, bins: Iterable[int] | None = None) -> Mapping[int, pa.Table]:
         return self.export_later(bins)()
 
