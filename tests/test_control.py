@@ -201,3 +201,36 @@ def test_a_writer_waits_for_its_worker_to_park_but_not_longer_than_its_bounds(mo
     for _ in range(60):  # 3 s of waits without the total bound
         gate()
     assert 0.1 <= time.monotonic() - began < 2.0
+
+
+def test_sizes_per_bin_pack_within_a_control_frame_and_malformed_ones_are_refused() -> None:
+    """``pack_sizes`` / ``unpack_sizes``: the bytes per bin a rescale chooses its bins by, in a
+    ``bin_bytes`` reply and a ``rescale`` command.  Up to ``SIZE_ENTRIES`` bins they come back
+    as sent (float32); more bins are summed over groups and spread evenly (totals per group
+    kept), and every packing fits a control frame (``MAX_REPORT``) as msgpack."""
+    import msgpack
+    import numpy as np
+
+    from tokenflow.control import SIZE_ENTRIES, pack_sizes, unpack_sizes
+    from tokenflow.coordinator import MAX_REPORT
+
+    rng = np.random.default_rng(3)
+    for bins in (1, 64, 4096, SIZE_ENTRIES, 1 << 16):
+        sizes = np.round(rng.uniform(0, 5000, bins) * (rng.random(bins) < 0.3))
+        packed = pack_sizes(sizes)
+        assert len(msgpack.packb({"kind": "rescale", "sizes": packed})) < MAX_REPORT
+        back = unpack_sizes(msgpack.unpackb(msgpack.packb(packed)), bins)
+        group = packed["group"]
+        assert group == max(1, bins // SIZE_ENTRIES)
+        assert np.allclose(back.reshape(-1, group).sum(axis=1),
+                           sizes.reshape(-1, group).sum(axis=1), rtol=1e-6)
+        if group == 1:
+            assert np.allclose(back, sizes, rtol=1e-6)
+    good = pack_sizes(np.ones(64))
+    for bad in (None, {}, {"group": 0, "bytes": good["bytes"]},
+                {"group": 1, "bytes": good["bytes"][:-4]}, {"group": 3, "bytes": good["bytes"]},
+                {"group": 1, "bytes": np.full(64, -1, "<f4").tobytes()},
+                {"group": 1, "bytes": np.full(64, np.inf, "<f4").tobytes()},
+                {"group": 1, "bytes": "x" * 256}):
+        with pytest.raises(ControlError, match="malformed sizes per bin"):
+            unpack_sizes(bad, 64)

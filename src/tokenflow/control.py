@@ -110,14 +110,14 @@ Commands (driver -> workers) and replies (workers -> driver):
     sources go on (the barrier comes down, messages kept back go out) / the worker ends its
     dataflows and returns.
 ``bin_bytes``
-    reply ``bin_bytes`` with ``bins`` and ``bytes`` (equal-length lists): the bytes per bin of
-    the state of the worker's migrating operators (``Controller.bin_bytes``, summed over
-    operators; bins holding none left out), read between two steps.
+    reply ``bin_bytes`` with ``sizes``: the bytes per bin of the state of the worker's
+    migrating operators (``Controller.bin_bytes``, summed over operators; ``pack_sizes``;
+    None without such state), read between two steps, and their number ``bins``.
 ``rescale`` ``roster``, ``strategy``, ``replace``, ``sizes`` (to worker 0)
     its migrating operators move to the table for ``roster`` (``rescale_roster``; with
-    ``sizes``, the bytes per bin the driver gathered by ``bin_bytes`` as ``[bins, bytes]``,
-    the bins that move are chosen by bytes) or, with ``replace`` ``[old, new]``, move every
-    bin of ``old`` to ``new``; replies ``rescaled`` with the ``steps`` (or an ``error``).
+    ``sizes``, the sum of the workers' ``bin_bytes``, the bins that move are chosen by
+    bytes) or, with ``replace`` ``[old, new]``, move every bin of ``old`` to ``new``; replies
+    ``rescaled`` with the ``steps`` (or an ``error``).
 
 Quiescence (the quiescent protocol): a worker replies ``idle`` only with nothing left to run,
 and it takes no step until the verdict, so after its reply it sends nothing.  A record counted
@@ -741,8 +741,9 @@ class ControlAgent:
                 steps = sum(r.replace_owner(old, new, strategy) for r in live)
             else:
                 try:
-                    sizes = _dense_sizes(message.get("sizes"), live[0].table.bins) if live \
-                        else None
+                    packed = message.get("sizes")
+                    sizes = unpack_sizes(packed, live[0].table.bins) \
+                        if live and packed is not None else None
                 except ControlError as exc:
                     self.link.send({"kind": "rescaled", "worker": worker.index,
                                     "round": self.round, "steps": 0, "error": str(exc)})
@@ -751,9 +752,10 @@ class ControlAgent:
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
         elif kind == "bin_bytes":
-            held, weights = _held_bytes(worker.rescalers)
+            held = _held_bytes(worker.rescalers)
             self.link.send({"kind": "bin_bytes", "worker": worker.index, "round": self.round,
-                            "bins": held, "bytes": weights})
+                            "bins": 0 if held is None else len(held),
+                            "sizes": None if held is None else pack_sizes(held)})
         elif kind in MEMBERSHIP_COMMANDS:
             self.membership.handle(worker, message)
         elif kind == "stop":
@@ -771,9 +773,44 @@ class ControlAgent:
         return None
 
 
-def _held_bytes(rescalers: Iterable[Any]) -> tuple[list[int], list[float]]:
-    """The bins holding state on this worker and their bytes, summed over its migrating
-    operators (``Controller.bin_bytes``; operators that declared no state yet are left out)."""
+SIZE_ENTRIES = 8192
+"""Most numbers a ``bin_bytes`` reply or a ``rescale``'s ``sizes`` carries (float32: 32 KB of
+a control frame's 64 KB, ``tokenflow.coordinator.MAX_REPORT``); a job of more bins sends sums
+over groups of consecutive bins (``pack_sizes``)."""
+
+
+def pack_sizes(sizes: np.ndarray) -> dict[str, Any]:
+    """Bytes per bin (one number per bin; the bin count a power of two) as a control message
+    field: ``{"group": g, "bytes": float32 little-endian sums over each g consecutive bins}``,
+    with g the least power of two that keeps them within ``SIZE_ENTRIES``."""
+    group = max(1, len(sizes) // SIZE_ENTRIES)
+    sums = np.asarray(sizes, dtype=np.float64).reshape(-1, group).sum(axis=1)
+    return {"group": group, "bytes": sums.astype("<f4").tobytes()}
+
+
+def unpack_sizes(packed: Any, bins: int) -> np.ndarray:
+    """``pack_sizes``' field as one float64 per bin (a group's sum spread evenly over it).
+
+    Raises:
+        ControlError: a malformed field (not a map of a group dividing ``bins`` and
+            ``bins / group`` float32 values that are finite and >= 0).
+    """
+    try:
+        group, data = int(packed["group"]), packed["bytes"]
+        if group < 1 or bins % group or not isinstance(data, bytes) or \
+                len(data) != 4 * (bins // group):
+            raise ValueError(f"group {group} and {len(data)} bytes for {bins} bins")
+        sums = np.frombuffer(data, dtype="<f4").astype(np.float64)
+        if not np.isfinite(sums).all() or (sums < 0).any():
+            raise ValueError("sizes must be finite and >= 0")
+    except (TypeError, KeyError, ValueError) as exc:
+        raise ControlError(f"malformed sizes per bin: {exc}") from exc
+    return np.repeat(sums / group, group)
+
+
+def _held_bytes(rescalers: Iterable[Any]) -> np.ndarray | None:
+    """The bytes per bin of this worker's migrating operators' state, summed over them
+    (``Controller.bin_bytes``; None when none declared a state yet)."""
     total: np.ndarray | None = None
     for r in rescalers:
         sizes = r.bin_bytes()
@@ -784,30 +821,7 @@ def _held_bytes(rescalers: Iterable[Any]) -> tuple[list[int], list[float]]:
             total = sizes.copy()
         elif len(sizes) == len(total):
             total += sizes
-    if total is None:
-        return [], []
-    held = np.flatnonzero(total)
-    return held.tolist(), total[held].tolist()
-
-
-def _dense_sizes(sparse: Any, bins: int) -> np.ndarray | None:
-    """``[bins, bytes]`` (``rescale``'s ``sizes``) as one number per bin; None when absent.
-
-    Raises:
-        ControlError: a malformed list (not two equal-length lists, a bin out of range).
-    """
-    if sparse is None:
-        return None
-    try:
-        held, values = sparse
-        out = np.zeros(bins)
-        index = np.asarray(held, dtype=np.int64)
-        if len(index) != len(values) or (len(index) and (index.min() < 0 or index.max() >= bins)):
-            raise ValueError("bins out of range or lists of different lengths")
-        out[index] = np.asarray(values, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise ControlError(f"malformed sizes in a rescale command: {exc}") from exc
-    return out
+    return total
 
 
 _LATER = {"captured": ("written", "write_failed"), "dismissed": ("left",)}

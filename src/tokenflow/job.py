@@ -254,17 +254,18 @@ class JobHandle:
                 command["sizes"] = sizes
             return self._rescale(command, timeout, f"the rescale to {members}")
 
-    def _bin_bytes(self, timeout: float) -> list[list[Any]] | None:
+    def _bin_bytes(self, timeout: float) -> dict[str, Any] | None:
         """The job's state bytes per bin, summed over the roster's workers (each answers the
-        control plane's ``bin_bytes`` between two of its steps), as ``[bins, bytes]`` for a
-        ``rescale`` command's ``sizes``: the bins that move are then chosen by bytes
-        (``RoutingTable.rebalanced``).  None when a worker did not answer within ``timeout``
-        s (e.g. it ended): the bins then move as the bin counts alone decide.
+        control plane's ``bin_bytes`` between two of its steps), packed for a ``rescale``
+        command's ``sizes`` (``tokenflow.control.pack_sizes``): the bins that move are then
+        chosen by bytes (``RoutingTable.rebalanced``).  None when no worker holds migrating
+        state, or when a worker did not answer within ``timeout`` s (e.g. it ended): the bins
+        then move as the bin counts alone decide.
 
         Raises:
             ControlError: worker 0 (which carries out the rescale) cannot be reached.
         """
-        from tokenflow.control import ControlError
+        from tokenflow.control import ControlError, pack_sizes, unpack_sizes
 
         round_ = f"bin_bytes-{next(_SIZE_ROUNDS)}"
         waiting = set(self.roster)
@@ -275,19 +276,22 @@ class JobHandle:
                 if w == 0:
                     raise
                 return None
-        totals: dict[int, float] = {}
+        parts = []
         deadline = time.monotonic() + timeout
         while waiting and time.monotonic() < deadline and self.running:
             reply = self.hub.receive(0.05)
             if reply is None or reply.get("kind") != "bin_bytes" or reply.get("round") != round_:
                 continue
             waiting.discard(reply.get("worker"))
-            for b, size in zip(reply.get("bins", ()), reply.get("bytes", ()), strict=False):
-                totals[int(b)] = totals.get(int(b), 0.0) + float(size)
-        if waiting:
-            return None
-        held = sorted(totals)
-        return [held, [totals[b] for b in held]]
+            if reply.get("sizes") is not None:
+                try:
+                    parts.append(unpack_sizes(reply["sizes"], int(reply["bins"])))
+                except (ControlError, KeyError, TypeError, ValueError) as exc:
+                    raise ControlError(f"worker {reply.get('worker')}'s bin_bytes reply: "
+                                       f"{exc}") from exc
+        if waiting or not parts or len({len(p) for p in parts}) > 1:
+            return None  # (bin counts that differ: operators of other tables; by count)
+        return pack_sizes(sum(parts[1:], parts[0]))
 
     def _rescale(self, command: dict[str, Any], timeout: float, what: str) -> int:
         """Send worker 0 a ``rescale`` command and wait for its ``rescaled`` (its steps).

@@ -6,8 +6,10 @@ where moving by index would move half of them."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import cloudpickle
@@ -45,9 +47,10 @@ def skewed_keys() -> tuple[list[str], list[str]]:
     return heavy, light
 
 
-def job(keys: list[str]) -> Any:
+def job(keys: list[str], ready: str) -> Any:
     """Workers 0 and 1 feed their half of ``keys`` at epoch 0, then one known key per epoch
-    for ``EPOCHS`` epochs, ``PACE`` s apart; every worker returns the keys it holds at the end
+    for ``EPOCHS`` epochs, ``PACE`` s apart, and each creates the file ``ready/<index>`` once
+    its state holds keys (epoch 0 folded); every worker returns the keys it holds at the end
     and the bins it sent away."""
 
     def run(worker: Any) -> dict[str, Any]:
@@ -67,6 +70,8 @@ def job(keys: list[str]) -> Any:
             for e in range(1, EPOCHS):
                 inp.advance_to(e)
                 inp.send(keys[e % len(keys)])
+                if len(handle.state.data) and not os.path.exists(f"{ready}/{worker.index}"):
+                    open(f"{ready}/{worker.index}", "w").close()
                 deadline = time.monotonic() + PACE
                 while time.monotonic() < deadline:
                     worker.step_or_park(0.005)
@@ -79,14 +84,15 @@ def job(keys: list[str]) -> Any:
 
 @pytest.mark.parametrize("runtime", ["thread", "process"])
 @pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
-def test_skewed_state_moves_one_share_of_its_keys_not_the_bins_by_index(runtime: str) -> None:
+def test_skewed_state_moves_one_share_of_its_keys_not_the_bins_by_index(
+        runtime: str, tmp_path: Path) -> None:
     heavy, light = skewed_keys()
     keys = [k for pair in zip(heavy, light, strict=True) for k in pair]
-    handle = start(job(keys), workers=SLOTS, runtime=runtime, bins=BINS)
+    handle = start(job(keys, str(tmp_path)), workers=SLOTS, runtime=runtime, bins=BINS)
     deadline = time.monotonic() + 60
-    while len(handle.hub.started()) < SLOTS and time.monotonic() < deadline:
-        time.sleep(0.05)
-    time.sleep(0.5)  # epoch 0's keys folded: the state is there to be weighed
+    while not all((tmp_path / str(w)).exists() for w in (0, 1)) and handle.running and \
+            time.monotonic() < deadline:
+        time.sleep(0.02)  # until the state is there to be weighed
     assert handle.running, "the job ended before the rescale: raise EPOCHS or PACE"
     handle.rescale(SLOTS)
     results = handle.result(timeout=120)
