@@ -234,3 +234,24 @@ def test_sizes_per_bin_pack_within_a_control_frame_and_malformed_ones_are_refuse
                 {"group": 1, "bytes": "x" * 256}):
         with pytest.raises(ControlError, match="malformed sizes per bin"):
             unpack_sizes(bad, 64)
+
+
+def test_a_worker_sums_its_operators_bytes_per_bin_unless_one_is_unweighed() -> None:
+    """``bin_bytes`` on a worker: the sum over its migrating operators' states; an operator
+    without a state adds nothing; one whose state does not weigh itself (None) makes the
+    reply unweighed, so the driver sends no sizes (the bins' counts decide) rather than a
+    sum that leaves that state's bytes out."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from tokenflow.control import _held_bytes
+
+    a = SimpleNamespace(bin_bytes=lambda: np.array([1.0, 0.0, 2.0, 0.0]))
+    b = SimpleNamespace(bin_bytes=lambda: np.array([0.0, 3.0, 1.0, 0.0]))
+    none = SimpleNamespace(bin_bytes=None)
+    unweighed = SimpleNamespace(bin_bytes=lambda: None)
+    sizes, weighed = _held_bytes([a, none, b])
+    assert weighed and sizes is not None and sizes.tolist() == [1.0, 3.0, 3.0, 0.0]
+    assert _held_bytes([none]) == (None, True)
+    assert _held_bytes([a, unweighed])[1] is False

@@ -112,7 +112,8 @@ Commands (driver -> workers) and replies (workers -> driver):
 ``bin_bytes``
     reply ``bin_bytes`` with ``sizes``: the bytes per bin of the state of the worker's
     migrating operators (``Controller.bin_bytes``, summed over operators; ``pack_sizes``;
-    None without such state), read between two steps, and their number ``bins``.
+    None without such state), read between two steps, their number ``bins``, and
+    ``weighed`` (false when a state does not weigh its bins: the driver then sends none).
 ``rescale`` ``roster``, ``strategy``, ``replace``, ``sizes`` (to worker 0)
     its migrating operators move to the table for ``roster`` (``rescale_roster``; with
     ``sizes``, the sum of the workers' ``bin_bytes``, the bins that move are chosen by
@@ -752,9 +753,9 @@ class ControlAgent:
             self.link.send({"kind": "rescaled", "worker": worker.index, "round": self.round,
                             "steps": steps})
         elif kind == "bin_bytes":
-            held = _held_bytes(worker.rescalers)
+            held, weighed = _held_bytes(worker.rescalers)
             self.link.send({"kind": "bin_bytes", "worker": worker.index, "round": self.round,
-                            "bins": 0 if held is None else len(held),
+                            "weighed": weighed, "bins": 0 if held is None else len(held),
                             "sizes": None if held is None else pack_sizes(held)})
         elif kind in MEMBERSHIP_COMMANDS:
             self.membership.handle(worker, message)
@@ -808,20 +809,24 @@ def unpack_sizes(packed: Any, bins: int) -> np.ndarray:
     return np.repeat(sums / group, group)
 
 
-def _held_bytes(rescalers: Iterable[Any]) -> np.ndarray | None:
+def _held_bytes(rescalers: Iterable[Any]) -> tuple[np.ndarray | None, bool]:
     """The bytes per bin of this worker's migrating operators' state, summed over them
-    (``Controller.bin_bytes``; None when none declared a state yet)."""
+    (``Controller.bin_bytes``; None when none declared a state), and whether every state
+    weighed itself (False: one did not, ``BinnedState.bin_bytes`` None, so the sum would
+    leave its bytes out)."""
     total: np.ndarray | None = None
     for r in rescalers:
+        if r.bin_bytes is None:
+            continue
         sizes = r.bin_bytes()
         if sizes is None:
-            continue
+            return None, False
         sizes = np.asarray(sizes, dtype=np.float64)
         if total is None:
             total = sizes.copy()
         elif len(sizes) == len(total):
             total += sizes
-    return total
+    return total, True
 
 
 _LATER = {"captured": ("written", "write_failed"), "dismissed": ("left",)}

@@ -259,8 +259,9 @@ class JobHandle:
         control plane's ``bin_bytes`` between two of its steps), packed for a ``rescale``
         command's ``sizes`` (``tokenflow.control.pack_sizes``): the bins that move are then
         chosen by bytes (``RoutingTable.rebalanced``).  None when no worker holds migrating
-        state, or when a worker did not answer within ``timeout`` s (e.g. it ended): the bins
-        then move as the bin counts alone decide.
+        state, when a state does not weigh its bins (``BinnedState.bin_bytes``: e.g. a large
+        columnar one), or when a worker did not answer within ``timeout`` s (e.g. it
+        ended): the bins then move as the bin counts alone decide.
 
         Raises:
             ControlError: worker 0 (which carries out the rescale) cannot be reached.
@@ -283,6 +284,8 @@ class JobHandle:
             if reply is None or reply.get("kind") != "bin_bytes" or reply.get("round") != round_:
                 continue
             waiting.discard(reply.get("worker"))
+            if not reply.get("weighed", False):
+                return None  # a state left unweighed: the bins' counts decide
             if reply.get("sizes") is not None:
                 try:
                     parts.append(unpack_sizes(reply["sizes"], int(reply["bins"])))

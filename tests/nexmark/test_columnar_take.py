@@ -414,20 +414,28 @@ def test_take_to_refuses_bins_and_owners_of_different_lengths() -> None:
     same_tables(state.export(), before, ordered=False, what="after the refused take")
 
 
+def exported_bytes(state: ColumnarState, bins: int) -> np.ndarray:
+    """The oracle: each bin's ``pa.Table.nbytes`` in a full ``export()``."""
+    out = np.zeros(bins)
+    for b, table in state.export().items():
+        out[b] += table.nbytes
+    return out
+
+
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**31), bins=st.sampled_from([1, 8, 64, 256]))
 @pytest.mark.parametrize("kind", sorted(STATES))
 def test_bin_bytes_estimates_the_exported_shares(kind: str, seed: int, bins: int) -> None:
-    """``bin_bytes`` (rows per bin times bytes per row, no table built) against the exact
-    bytes of ``export()`` (``BinnedState.bin_bytes``): the same bins hold state, and any set
-    of bins holds about the same share of the bytes (what a rescale chooses bins by)."""
-    from tokenflow.dataflow.state import BinnedState
-
+    """``bin_bytes`` (rows per bin times bytes per row, no export) against the exact bytes
+    of ``export()``: the same bins hold state, and any set of bins holds about the same share
+    of the bytes (what a rescale chooses bins by); ``held_rows`` (the cheap size that gates
+    it) is at least the rows ``rows()`` gives."""
     state = STATES[kind][0](np.random.default_rng(seed))
     rng = np.random.default_rng(seed + 1)
     state.attach(bins, int(rng.integers(0, bins)))
-    estimate, exact = state.bin_bytes(), BinnedState.bin_bytes(state)
-    assert estimate.shape == exact.shape == (bins,)
+    assert state.held_rows() >= sum(t.num_rows for t, _ in state.rows()), kind
+    estimate, exact = state.bin_bytes(), exported_bytes(state, bins)
+    assert estimate is not None and estimate.shape == exact.shape == (bins,)
     assert ((estimate > 0) == (exact > 0)).all(), kind
     if not exact.any():
         return
@@ -435,3 +443,18 @@ def test_bin_bytes_estimates_the_exported_shares(kind: str, seed: int, bins: int
         chosen = rng.random(bins) < 0.3
         share = estimate[chosen].sum() / estimate.sum()
         assert abs(share - exact[chosen].sum() / exact.sum()) <= 0.1, kind
+
+
+def test_a_large_columnar_state_is_not_weighed() -> None:
+    """Above ``SIZE_ROWS`` held rows ``bin_bytes`` is None (building the rows would hold the
+    worker too long; the bins' counts decide), and ``rows()`` is not called."""
+    from tokenflow.nexmark.queries._windows import SIZE_ROWS
+
+    state = q5.WindowCounts(size=10, slide=5)
+    rng = np.random.default_rng(5)
+    n = SIZE_ROWS + 1
+    state.add(rng.integers(0, 2, n) * 5, rng.integers(0, 10 * n, n), np.ones(n, np.int64))
+    state.attach(64, 0)
+    assert state.held_rows() > SIZE_ROWS
+    forbid_rebuilds(state)
+    assert state.bin_bytes() is None

@@ -189,18 +189,15 @@ class BinnedState(ABC):
         """Times at which the operator holds tokens because of this state (default none)."""
         return []
 
-    def bin_bytes(self) -> np.ndarray:
+    def bin_bytes(self) -> np.ndarray | None:
         """Bytes of state per bin: a float64 array of ``bins`` entries (0 for a bin not held),
         the weights a rescale chooses the bins that move by (``RoutingTable.rebalanced``
-        with ``sizes``).  Estimates are fine; what counts is the bins' proportions.  The
-        default exports the whole state and takes each bin's ``pa.Table.nbytes`` (exact, at
-        the cost of an export); states that index their rows by bin estimate it without
-        serializing."""
-        out = np.zeros(self.bins or 1)
-        for b, table in self.export().items():
-            if 0 <= b < len(out):
-                out[b] += table.nbytes
-        return out
+        with ``sizes``), or None when the state does not weigh its bins (the default), or not
+        cheaply now: the bins' counts then decide which move.  Called between two steps of
+        the worker, which it holds meanwhile: an implementation estimates from what it
+        indexes (keys or rows per bin), it does not serialize; what counts is the bins'
+        proportions."""
+        return None
 
     def take_changes(self) -> set[int] | None:
         """The bins whose exported table may differ from what it was at the previous call (or

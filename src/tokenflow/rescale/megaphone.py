@@ -430,10 +430,10 @@ class Controller:
         records its routing table (``ROUTING_META``)."""
         self.states: list[str] = []
         """Keys of the operator states this worker registered for it (``Worker.states``)."""
-        self.bin_bytes: Callable[[], np.ndarray | None] = lambda: None
-        """Bytes of the operator's state on this worker per bin (``BinnedState.bin_bytes``;
-        None: no state declared yet): what the control plane's ``bin_bytes`` command sums
-        over workers, for ``rescale_roster``'s ``sizes``."""
+        self.bin_bytes: Callable[[], np.ndarray | None] | None = None
+        """The bytes of the operator's state on this worker per bin (its state's
+        ``BinnedState.bin_bytes``; None: no state declared): what the control plane's
+        ``bin_bytes`` command sums over workers, for ``rescale_roster``'s ``sizes``."""
         self.settled: Callable[[int], str | None] = lambda epoch: None
         """``settled(e)``: why this worker's router is not ready for a checkpoint at epoch
         ``e`` (a move at a time ``<= e`` not sent yet), or None."""

@@ -206,6 +206,9 @@ class JoinState(ColumnarState):
                          dtype=np.int64).reshape(-1, 2)
         return pa.table([sellers, pairs[:, 0], pairs[:, 1]], schema=WAITING_SCHEMA)
 
+    def held_rows(self) -> int:
+        return self._rows + sum(map(len, self.waiting.values()))
+
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         persons, waiting = self.person_table(), self.waiting_table()
         return [(persons, key_hashes(persons, "id")), (waiting, key_hashes(waiting, "seller"))]

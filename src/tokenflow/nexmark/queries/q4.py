@@ -210,6 +210,9 @@ class AuctionBook(ColumnarState):
         least = self.least_expires()
         return [] if least is None else [least]
 
+    def held_rows(self) -> int:
+        return len(self.open["id"]) + len(self.waiting["auction"])
+
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         snap = self.snapshot()
         return [(snap["open"], key_hashes(snap["open"], "id")),
@@ -390,6 +393,9 @@ class CategoryAverages(ColumnarState):
         times = np.repeat(np.fromiter((t for t, _ in self.pending), np.int64),
                           [len(b) for _, b in self.pending])
         return winners.append_column("time", pa.array(times, pa.int64()))
+
+    def held_rows(self) -> int:
+        return len(self.sums) + sum(b.num_rows for _, b in self.pending)
 
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         n = len(self.sums)

@@ -251,6 +251,10 @@ class WindowCounts(ColumnarState):
                          schema=COUNTS_SCHEMA)
         return table, np.concatenate(bins)
 
+    def held_rows(self) -> int:
+        """The partial counts' rows (at least the summed rows ``rows()`` gives)."""
+        return sum(len(p[0]) for parts in self.partials.values() for p in parts)
+
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         """The windows' counts summed per auction, as ``COUNTS_SCHEMA`` rows (``summed``; the
         state is not changed)."""

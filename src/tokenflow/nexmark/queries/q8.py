@@ -258,6 +258,10 @@ class WindowState(ColumnarState):
         """The open windows' ends (ms), ascending: one token each."""
         return sorted(set(self.persons) | set(self.sellers))
 
+    def held_rows(self) -> int:
+        return sum(b.num_rows for batches in self.persons.values() for b in batches) + \
+            sum(len(a) for arrays in self.sellers.values() for a in arrays)
+
     def rows(self) -> list[tuple[pa.Table, np.ndarray | None]]:
         person_parts = [pa.Table.from_batches(batches, schema=PERSON_SCHEMA)
                         for batches in self.persons.values()]
