@@ -218,7 +218,7 @@ _NO_HASHES = np.zeros(0, dtype=np.uint64)
 
 PART = "part"
 """Column telling which part of a ``ColumnarState`` a row of an exported table belongs to."""
-SIZE_ROWS = 20_000
+SIZE_ROWS = 10_000
 """Most rows a ``ColumnarState`` weighs per bin for a rescale (``bin_bytes``)."""
 
 
@@ -616,10 +616,10 @@ class ColumnarState(BinnedState):
         (``pa.Table.nbytes / num_rows``; worker-local rows under the home bin), from
         ``rows()`` and one ``bins_of`` over their hashes.  None above ``SIZE_ROWS`` held
         rows (``held_rows``): ``rows()`` builds the parts' tables (q5's sums its windows:
-        20-30 ms for 180,000 rows), longer than a worker may be held, and at that size the
-        bins' counts alone move within a few tenths of a percent of their share of the rows
-        (the standard deviation of a quarter of the bins' share of N equal rows is
-        ``sqrt(0.1875 / N)``: 0.003 at 20,000)."""
+        20-30 ms for 180,000 rows; q8's 20,000 rows took 4 ms), longer than a worker may be
+        held, and at that size the bins' counts alone move within a few tenths of a percent
+        of their share of the rows (the standard deviation of a quarter of the bins' share of
+        N equal rows is ``sqrt(0.1875 / N)``: 0.004 at 10,000)."""
         held = self.held_rows()
         if held is not None and held > SIZE_ROWS:
             return None
