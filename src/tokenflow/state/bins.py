@@ -209,13 +209,13 @@ class RoutingTable:
         ``bins // (W + 1)`` or one more bin, all to the newcomer.
 
         With ``sizes`` (bytes of state per bin, one non-negative number per bin: the
-        estimates the workers report, ``BinnedState.bin_bytes``), the same bins counts move,
-        but which ones is chosen by bytes, so that the state moved is what balances the
-        bytes and not whatever the bins in index order happen to hold: a member above its
-        share gives away bins holding as close as it can get to what it holds beyond
-        ``total / n`` (its smallest bins when it holds no more than that), and the moving bins,
-        largest first, go to the member below its share with the most bytes missing to
-        ``total / n``.  Going from ``W`` to ``W + 1`` members that hold the state evenly then
+        estimates the workers report, ``BinnedState.bin_bytes``), as many bins move, but
+        which ones is chosen by bytes, so that the state moved is what balances the bytes
+        and not whatever the bins in index order happen to hold: a member above its share
+        gives away bins holding as close as it can get to what it holds beyond ``total / n``,
+        but no more than its excess bins' proportional part of its bytes (its smallest bins
+        when it holds no more than ``total / n``), and the moving bins, largest first, go to
+        the member below its share with the most bytes missing to ``total / n``.  Going from ``W`` to ``W + 1`` members that hold the state evenly then
         moves about ``1/(W + 1)`` of the bytes whatever their spread over the bins
         (distributed-DBSP design, "Scaling state": the bound the bin count alone only
         meets on average).
