@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 from recovery_jobs import NAME, committed_rows, wordcount, words_table
 
@@ -255,3 +256,49 @@ def test_a_worker_sums_its_operators_bytes_per_bin_unless_one_is_unweighed() -> 
     assert weighed and sizes is not None and sizes.tolist() == [1.0, 3.0, 3.0, 0.0]
     assert _held_bytes([none]) == (None, True)
     assert _held_bytes([a, unweighed])[1] is False
+
+
+class _OneWorkerGone:
+    """A hub whose worker 0 answers ``bin_bytes`` and whose worker 1 has returned."""
+
+    def __init__(self) -> None:
+        self.replies: list[dict] = []
+
+    def send(self, worker: int, message: dict) -> None:
+        if worker == 0 and message["kind"] == "bin_bytes":
+            from tokenflow.control import pack_sizes
+
+            self.replies.append({"kind": "bin_bytes", "worker": 0, "round": message["round"],
+                                 "weighed": True, "bins": 4,
+                                 "sizes": pack_sizes(np.array([1.0, 2.0, 0.0, 0.0]))})
+
+    def receive(self, timeout: float) -> dict | None:
+        if self.replies:
+            return self.replies.pop(0)
+        time.sleep(timeout)
+        return None
+
+    def gone(self) -> set[int]:
+        return {1}
+
+    def started(self) -> set[int]:
+        return {0, 1}
+
+
+def test_bytes_per_bin_are_not_awaited_from_a_worker_that_returned() -> None:
+    """A worker that returned answers no ``bin_bytes``: the driver leaves the choice to the
+    bins' counts at once (no sizes) instead of waiting out ``SIZES_TIMEOUT``."""
+    import threading
+
+    from tokenflow.job import SIZES_TIMEOUT, JobHandle, JobSpec
+
+    ended = threading.Event()
+    handle = JobHandle(JobSpec(name="gone", routing={}), 2, _OneWorkerGone(),
+                       run=lambda: [ended.wait(30)])
+    try:
+        began = time.monotonic()
+        assert handle._bin_bytes(SIZES_TIMEOUT) is None
+        assert time.monotonic() - began < SIZES_TIMEOUT / 2
+    finally:
+        ended.set()
+        handle.wait(5.0)

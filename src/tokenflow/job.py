@@ -281,6 +281,8 @@ class JobHandle:
         deadline = time.monotonic() + timeout
         while waiting and time.monotonic() < deadline and self.running:
             reply = self.hub.receive(0.05)
+            if reply is None and waiting & self.hub.gone():
+                return None  # a worker that returned answers no more: the counts decide
             if reply is None or reply.get("kind") != "bin_bytes" or reply.get("round") != round_:
                 continue
             waiting.discard(reply.get("worker"))

@@ -215,10 +215,10 @@ class RoutingTable:
         gives away bins holding as close as it can get to what it holds beyond ``total / n``,
         but no more than its excess bins' proportional part of its bytes (its smallest bins
         when it holds no more than ``total / n``), and the moving bins, largest first, go to
-        the member below its share with the most bytes missing to ``total / n``.  Going from ``W`` to ``W + 1`` members that hold the state evenly then
-        moves about ``1/(W + 1)`` of the bytes whatever their spread over the bins
-        (distributed-DBSP design, "Scaling state": the bound the bin count alone only
-        meets on average).
+        the member below its share with the most bytes missing to ``total / n``.  Going
+        from ``W`` to ``W + 1`` members that hold the state evenly then moves about
+        ``1/(W + 1)`` of the bytes whatever their spread over the bins (distributed-DBSP
+        design, "Scaling state": the bound the bin count alone only meets on average).
 
         Raises:
             ValueError: an empty roster, a negative worker index, or ``sizes`` of another
