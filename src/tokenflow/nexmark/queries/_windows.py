@@ -612,28 +612,33 @@ class ColumnarState(BinnedState):
         return None
 
     def bin_bytes(self) -> np.ndarray | None:
-        """Rows per bin of each part times that part's mean bytes per row
-        (``pa.Table.nbytes / num_rows``; worker-local rows under the home bin), from
-        ``rows()`` and one ``bins_of`` over their hashes.  None above ``SIZE_ROWS`` held
-        rows (``held_rows``): ``rows()`` builds the parts' tables (q5's sums its windows:
-        20-30 ms for 180,000 rows; q8's 20,000 rows took 4 ms), longer than a worker may be
-        held, and at that size the bins' counts alone move within a few tenths of a percent
-        of their share of the rows (the standard deviation of a quarter of the bins' share of
-        N equal rows is ``sqrt(0.1875 / N)``: 0.004 at 10,000)."""
+        """Rows per bin, over all parts, times the parts' mean bytes per row (their
+        ``pa.Table.nbytes`` over their rows; worker-local rows under the home bin), from
+        ``rows()`` and one ``bins_of`` over their hashes.  One mean for all parts: ``export``
+        puts the parts' rows in one table with the union of their columns (a part's missing
+        columns null), so a row weighs about the same whichever part it comes from.  None
+        above ``SIZE_ROWS`` held rows (``held_rows``): ``rows()`` builds the parts' tables
+        (q5's sums its windows: 20-30 ms for 180,000 rows; q8's 20,000 rows took 4 ms),
+        longer than a worker may be held, and at that size the bins' counts alone move within
+        a few tenths of a percent of their share of the rows (the standard deviation of a
+        quarter of the bins' share of N equal rows is ``sqrt(0.1875 / N)``: 0.004 at
+        10,000)."""
         held = self.held_rows()
         if held is not None and held > SIZE_ROWS:
             return None
         size = self.bins or 1
-        out = np.zeros(size)
+        rows = np.zeros(size)
+        nbytes = 0
         for table, hashes in self.rows():
             if table.num_rows == 0:
                 continue
+            nbytes += table.nbytes
             if hashes is None:
-                out[min(max(self.home_bin, 0), size - 1)] += table.nbytes
+                rows[min(max(self.home_bin, 0), size - 1)] += table.num_rows
             else:
-                rows = np.bincount(bins_of(hashes, size), minlength=size)
-                out += rows * (table.nbytes / table.num_rows)
-        return out
+                rows += np.bincount(bins_of(hashes, size), minlength=size)
+        total = rows.sum()
+        return rows * (nbytes / total) if total else rows
 
     def export(self, bins: Iterable[int] | None = None) -> Mapping[int, pa.Table]:
         return self.export_later(bins)()
