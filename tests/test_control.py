@@ -239,9 +239,9 @@ def test_sizes_per_bin_pack_within_a_control_frame_and_malformed_ones_are_refuse
 
 def test_a_worker_sums_its_operators_bytes_per_bin_unless_one_is_unweighed() -> None:
     """``bin_bytes`` on a worker: the sum over its migrating operators' states; an operator
-    without a state adds nothing; one whose state does not weigh itself (None) makes the
-    reply unweighed, so the driver sends no sizes (the bins' counts decide) rather than a
-    sum that leaves that state's bytes out."""
+    without a state adds nothing; one whose state does not weigh itself (None), or one of
+    another bin count, makes the reply unweighed, so the driver sends no sizes (the bins'
+    counts decide) rather than a sum that leaves that state's bytes out."""
     from types import SimpleNamespace
 
     import numpy as np
@@ -256,6 +256,8 @@ def test_a_worker_sums_its_operators_bytes_per_bin_unless_one_is_unweighed() -> 
     assert weighed and sizes is not None and sizes.tolist() == [1.0, 3.0, 3.0, 0.0]
     assert _held_bytes([none]) == (None, True)
     assert _held_bytes([a, unweighed])[1] is False
+    other_table = SimpleNamespace(bin_bytes=lambda: np.ones(8))
+    assert _held_bytes([a, other_table]) == (None, False)
 
 
 class _OneWorkerGone:

@@ -812,20 +812,17 @@ def unpack_sizes(packed: Any, bins: int) -> np.ndarray:
 def _held_bytes(rescalers: Iterable[Any]) -> tuple[np.ndarray | None, bool]:
     """The bytes per bin of this worker's migrating operators' state, summed over them
     (``Controller.bin_bytes``; None when none declared a state), and whether every state
-    weighed itself (False: one did not, ``BinnedState.bin_bytes`` None, so the sum would
-    leave its bytes out)."""
+    weighed itself (False: one did not, ``BinnedState.bin_bytes`` None, or two weighed
+    different bin counts: a sum would leave bytes out)."""
     total: np.ndarray | None = None
     for r in rescalers:
         if r.bin_bytes is None:
             continue
         sizes = r.bin_bytes()
-        if sizes is None:
+        if sizes is None or (total is not None and len(sizes) != len(total)):
             return None, False
         sizes = np.asarray(sizes, dtype=np.float64)
-        if total is None:
-            total = sizes.copy()
-        elif len(sizes) == len(total):
-            total += sizes
+        total = sizes.copy() if total is None else total + sizes
     return total, True
 
 

@@ -217,10 +217,9 @@ class RoutingTable:
         share with the most bytes missing to ``total / n``.  Going from ``W`` to ``W + 1``
         members then moves about ``1/(W + 1)`` of the bytes (distributed-DBSP design,
         "Scaling state": the bound the bin count alone meets only on average).  The sample
-        does not seek a byte total: choosing bins to hit one prefers the bins whose size
-        fits, and a state whose large bins are transient (q4's bids waiting for their
-        auction) then moved more than its share by the time the step ran (0.37-0.42 of the
-        bytes at 2 -> 3 in two of four runs, where by count 0.33).
+        seeks no byte total: bins chosen to hit one are the ones whose size fits, and where
+        large bins are transient (q4's bids waiting for their auction) what they leave moves
+        more than its share by the time the step runs (docs/ARCHITECTURE.md).
 
         Raises:
             ValueError: an empty roster, a negative worker index, or ``sizes`` of another
@@ -349,7 +348,6 @@ class RoutingTable:
         return f"RoutingTable(bins={self.bins}, roster={list(self.roster)}, counts={self.counts()})"
 
 
-
 def _checked_sizes(sizes: np.ndarray | Sequence[float], bins: int) -> np.ndarray:
     """``sizes`` as float64, one finite non-negative number per bin.
 
@@ -371,5 +369,6 @@ def _spread_sample(values: np.ndarray, k: int) -> np.ndarray:
     order = np.argsort(values, kind="stable")
     ranks = ((np.arange(k) + 0.5) * len(values) / k).astype(np.int64)
     return np.sort(order[ranks])
+
 
 __all__ = ["DEFAULT_BINS", "MAX_BINS", "BinSplit", "RoutingTable", "bins_of", "check_bins"]
