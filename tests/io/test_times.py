@@ -20,7 +20,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from tokenflow.io.times import InputError, column_times, epoch_ms, event_times
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tokenflow.io.times import InputError, column_times, epoch_ms, event_times, round_down
 
 EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
 INSTANTS = [
@@ -116,3 +119,12 @@ def test_event_times_and_column_times_name_input_column_and_row() -> None:
         event_times(batch, "t", "events", 10)
     with pytest.raises(InputError, match=r"source 'S', split 'k': no time column 'u'"):
         column_times(batch, "u", "source 'S', split 'k'", 0)
+
+
+@given(st.lists(st.integers(-(2**62), 2**62), max_size=50), st.integers(1, 10**9))
+def test_round_down_is_the_largest_multiple_of_step_not_above_each_value(values: list[int],
+                                                                           step: int) -> None:
+    """Against Python's integers: ``v - v % step`` (floored for negative values too)."""
+    got = round_down(np.array(values, dtype=np.int64), step)
+    assert got.dtype == np.int64
+    assert got.tolist() == [v - v % step for v in values]

@@ -55,7 +55,7 @@ import pyarrow.parquet as pq
 
 from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.routing import column_routes
-from tokenflow.io.times import InputError, column_times, event_times
+from tokenflow.io.times import InputError, column_times, event_times, round_down
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, event_kinds, generate
 
 DEFAULT_HISTORY = 4096
@@ -577,7 +577,7 @@ class _Reader:
             st.parts = {self.outputs[0]: (batch, None)}
         self._check_sorted(st, times)
         st.times = times
-        st.logical = times - times % self.granularity if self.granularity > 1 else times
+        st.logical = round_down(times, self.granularity) if self.granularity > 1 else times
         st.cursor = 0
 
     def _check_sorted(self, st: _State, times: np.ndarray) -> None:
@@ -746,9 +746,14 @@ class _Reader:
 
     def _emit(self, live: list[_State], cutoff: int, outputs: list[Any]) -> int:
         """Send every buffered row with time ``< cutoff``, merged across splits in logical-time
-        order, one message per (logical time, output); returns the positions consumed."""
+        order, one message per (logical time, output); returns the positions consumed.
+
+        When every row sent has one logical time (an epoch at a time: the usual round of a
+        source that is kept one or a few epochs ahead), the splits' slices are only
+        concatenated: no per-row times are gathered, ordered or split into runs."""
         pieces: dict[str, list[tuple[np.ndarray, pa.RecordBatch]]] = {o: [] for o in self.outputs}
         consumed = 0
+        bounds: set[int] = set()  # the first and last logical time of each split's slice
         for st in live:
             assert st.times is not None and st.logical is not None
             lo = st.cursor
@@ -757,7 +762,7 @@ class _Reader:
                 from tokenflow.io.handover import split_cutoff
 
                 end = split_cutoff(self, st, cutoff)
-            hi = int(np.searchsorted(st.times, end, side="left"))
+            hi = int(st.times.searchsorted(end))
             if hi <= lo:
                 continue
             logical = st.logical[lo:hi]
@@ -768,9 +773,8 @@ class _Reader:
                     r0, r1 = np.searchsorted(index, [lo, hi]).tolist()
                     if r1 > r0:
                         pieces[out].append((st.logical[index[r0:r1]], batch.slice(r0, r1 - r0)))
+            bounds.update((int(logical[0]), int(logical[-1])))
             self._record(st.key, logical, st.offset)
-            self.metrics["records_in"] = self.metrics.get("records_in", 0) + hi - lo
-            self.rows_read += hi - lo
             st.offset += hi - lo
             st.cursor = hi
             consumed += hi - lo
@@ -778,24 +782,31 @@ class _Reader:
                 st.times = st.logical = None
                 st.parts = {}
                 st.cursor = 0
+        self.metrics["records_in"] = self.metrics.get("records_in", 0) + consumed
+        self.rows_read += consumed
         cap = self.tokens[0]
+        one_time = next(iter(bounds)) if len(bounds) == 1 else None
         for port, out in enumerate(self.outputs):
             got = pieces[out]
             if not got:
                 continue
-            if len(got) == 1:
-                logical, batch = got[0]
-            else:
-                logical = np.concatenate([g[0] for g in got])
-                batch = _concat([g[1] for g in got])
-                if (logical[1:] < logical[:-1]).any():
-                    order = np.argsort(logical, kind="stable")
-                    logical = logical[order]
-                    batch = batch.take(pa.array(order))
             token = self.tokens[port] if port < len(self.tokens) else cap
-            for s, e, t in _runs(logical):
-                outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
-            last = int(logical[-1])
+            if one_time is not None:
+                batch = got[0][1] if len(got) == 1 else _concat([g[1] for g in got])
+                outputs[port].give_batch(token, batch, time=one_time)
+                last = one_time
+            else:
+                logical, batch = got[0]
+                if len(got) > 1:
+                    logical = np.concatenate([g[0] for g in got])
+                    batch = _concat([g[1] for g in got])
+                    if (logical[1:] < logical[:-1]).any():
+                        order = np.argsort(logical, kind="stable")
+                        logical = logical[order]
+                        batch = batch.take(pa.array(order))
+                for s, e, t in _runs(logical):
+                    outputs[port].give_batch(token, batch.slice(s, e - s), time=t)
+                last = int(logical[-1])
             if self.max_emitted is None or last > self.max_emitted:
                 self.max_emitted = last
         return consumed

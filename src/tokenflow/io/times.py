@@ -130,6 +130,18 @@ def column_times(batch: pa.RecordBatch | pa.Table, column: str, where: str,
                     lambda i: f"{where}, column {column!r}, row {first_row + i}")
 
 
+def round_down(values: np.ndarray, step: int) -> np.ndarray:
+    """``values - values % step`` (each int64 value rounded towards minus infinity to a
+    multiple of ``step``; e.g. times to the start of their epoch or window), same shape.
+
+    Computed as ``values // step * step``: NumPy divides an int64 array by a scalar with a
+    precomputed reciprocal, and that takes about a third of the time of ``%`` (NumPy 2.4:
+    about 3.5 against 12 ns per value), which matters on a source's or window's every row.
+    ``step > 0``; for negative values the result is the same as ``values - values % step``.
+    """
+    return values // step * step
+
+
 def event_times(batch: pa.RecordBatch | pa.Table, column: str, input_name: str,
                 first_row: int) -> np.ndarray:
     """The ``column`` of ``batch`` as int64 times (timestamps and dates become ms since the
@@ -145,4 +157,4 @@ def event_times(batch: pa.RecordBatch | pa.Table, column: str, input_name: str,
 
 
 __all__ = ["INT64_MAX", "MS_PER_DAY", "InputError", "Locate", "column_times", "epoch_ms",
-           "event_times", "first_null", "first_true"]
+           "event_times", "first_null", "first_true", "round_down"]

@@ -33,6 +33,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tokenflow.io.times import round_down
 from tokenflow.nexmark.javarandom import ADDEND, INT_MAX, MASK, MULTIPLIER, JavaRandom, LaneRandom
 
 BASE_TIME_MS = 1_436_918_400_000
@@ -685,7 +686,7 @@ def nexmark_source(scope: Any, events: int, config: GeneratorConfig | None = Non
                     continue
                 times = records.column("dateTime").to_numpy()
                 if granularity_ms > 1:
-                    times = times - times % granularity_ms
+                    times = round_down(times, granularity_ms)
                 bounds = np.flatnonzero(np.diff(times)) + 1
                 starts = [0, *bounds.tolist()]
                 ends = [*bounds.tolist(), len(times)]

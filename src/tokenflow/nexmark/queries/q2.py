@@ -15,6 +15,7 @@ from typing import Any
 import pyarrow as pa
 
 from tokenflow.dataflow.stream import Stream
+from tokenflow.io.times import round_down
 from tokenflow.nexmark.generator import BID_SCHEMA, GeneratorConfig
 
 COLUMNS: list[str] = ["auction", "price"]
@@ -28,7 +29,8 @@ def build(streams: dict[str, Stream], config: GeneratorConfig) -> Stream:
     skip = config.auction_skip
 
     def select(batch: Any) -> pa.RecordBatch:
-        keep = batch.column("auction").to_numpy() % skip == 0
+        auction = batch.column("auction").to_numpy()
+        keep = round_down(auction, skip) == auction
         return batch.select(COLUMNS).filter(pa.array(keep))
 
     return streams["bid"].map_batch(select, name="Q2")

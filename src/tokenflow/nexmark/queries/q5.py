@@ -44,6 +44,7 @@ from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo, unary
 from tokenflow.dataflow.stream import Stream
+from tokenflow.io.times import round_down
 from tokenflow.nexmark.queries._windows import (
     ChunkBins,
     ColumnarState,
@@ -354,7 +355,7 @@ def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,
     """Bids (``auction`` ids, ``date`` = dateTime ms) counted per ``(window start, auction)``
     over every window holding them (``size // slide`` each), with one lexsort and a run-length
     pass.  Returns int64 arrays ``(start, auction, count)`` sorted by (start, auction)."""
-    last = date - np.mod(date, slide)
+    last = round_down(date, slide)
     copies = size // slide
     starts = np.concatenate([last - i * slide for i in range(copies)])
     auctions = np.tile(auction, copies)

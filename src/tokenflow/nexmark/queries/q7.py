@@ -30,11 +30,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import pyarrow as pa
 
 from tokenflow.dataflow.channels import Exchange
 from tokenflow.dataflow.stream import Stream
+from tokenflow.io.times import round_down
 from tokenflow.nexmark.queries._windows import int_column, window_max
 
 WINDOW_MS = 10_000
@@ -64,7 +64,7 @@ def with_windows(bids: pa.Table, size: int = WINDOW_MS) -> pa.Table:
         KeyError: when a bid column is missing.
     """
     date = int_column(bids, "dateTime")
-    start = date - np.mod(date, size)
+    start = round_down(date, size)
     return pa.table({
         "window_start": start, "window_end": start + size,
         "auction": bids.column("auction"), "bidder": bids.column("bidder"),

@@ -43,6 +43,7 @@ from tokenflow.dataflow.capability import Capability
 from tokenflow.dataflow.operators.builder import OperatorInput, OperatorOutput
 from tokenflow.dataflow.operators.generic import OperatorInfo
 from tokenflow.dataflow.stream import Stream
+from tokenflow.io.times import round_down
 from tokenflow.nexmark.generator import GeneratorConfig
 from tokenflow.nexmark.queries._windows import (
     ChunkBins,
@@ -167,7 +168,7 @@ class WindowState(ColumnarState):
         """The distinct window ends of event ``times`` (ms) and, per end, the rows in it."""
         if len(times) == 0:
             return np.empty(0, dtype=np.int64), []
-        ends = times - times % self.size + self.size
+        ends = round_down(times, self.size) + self.size
         first = int(ends[0])
         if (ends == first).all():
             return np.array([first]), [np.arange(len(ends))]
