@@ -19,7 +19,6 @@ from decimal import Decimal
 import numpy as np
 import pyarrow as pa
 import pytest
-
 from hypothesis import given
 from hypothesis import strategies as st
 
