@@ -337,6 +337,26 @@ def test_category_averages_fold_in_time_order_and_snapshot() -> None:
     assert restored.sums == {10: 600, 11: 120} and restored.counts == {10: 3, 11: 2}
 
 
+def test_category_averages_take_a_timed_batch_as_one_pending_entry_per_time() -> None:
+    """Stage 1 sends one batch of many closing times (``TIMED_WINNER_SCHEMA``); held with
+    ``add_timed``, it folds in as the same rows held with ``add`` per time would, even when
+    an exchange left its rows out of time order."""
+    rows = [(10, 300, 30), (10, 100, 10), (11, 50, 10), (10, 200, 10), (11, 70, 40)]
+    timed = q4.CategoryAverages()
+    timed.add_timed(pa.RecordBatch.from_pylist(
+        [{"category": c, "price": p, "time": t} for c, p, t in rows],
+        schema=q4.TIMED_WINNER_SCHEMA))
+    by_time = q4.CategoryAverages()
+    for t in sorted({t for _, _, t in rows}):
+        by_time.add(t, pa.RecordBatch.from_pylist(
+            [{"category": c, "price": p} for c, p, u in rows if u == t], schema=q4.WINNER_SCHEMA))
+    assert [t for t, _ in timed.pending] == [10, 30, 40]
+    assert timed.pending_times() == by_time.pending_times() == [10]
+    assert timed.advance(31).to_pylist() == by_time.advance(31).to_pylist()
+    assert timed.advance(None).to_pylist() == by_time.advance(None).to_pylist()
+    assert timed.sums == by_time.sums == {10: 600, 11: 120}
+
+
 def test_q5_partial_counts_and_window_counts() -> None:
     auction = np.array([1, 2, 1, 1, 3], dtype=np.int64)
     date = np.array([4_999, 5_000, 5_001, 12_000, 14_999], dtype=np.int64)

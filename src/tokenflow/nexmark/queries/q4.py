@@ -26,13 +26,17 @@ Dataflow:
    so it may arrive later on another channel) and dropped once the auction frontier has passed
    their ``dateTime`` (no auction that could accept them can still arrive).  An auction closes
    when the bid frontier reaches its ``expires`` (no bid with ``dateTime < expires`` can still
-   come) or the input ends; ``(category, price)`` of the closed auctions with a winner are sent
-   at time ``expires`` (one message per distinct ``expires``).
+   come) or the input ends; ``(category, price, time)`` of the closed auctions with a winner
+   (``time`` = ``expires``) go as one timed batch per invocation, sent at the least of its
+   times: the operator coordinates at its own granularity (timestamp-tokens paper §5), where a
+   message per distinct ``expires`` (most auctions close at a ms of their own) cost a routing,
+   an encoding and a progress update each.
    Tokens: a ``CapabilitySet`` holding ONE token, at the least ``expires`` of the open
    auctions; it is replaced by an earlier one minted from an arriving auction's message and
    downgraded to the next least ``expires`` as auctions close (dropped when none is open).
 2. ``Q4Average`` (exchange by ``category``; ``CategoryAverages`` state): winning prices wait
-   per time until the frontier passes it, then, in time order, running sums/counts per category
+   per time (a row's ``time``: no row of a message is earlier than the message) until the
+   frontier passes it, then, in time order, running sums/counts per category
    are advanced vectorized (lexsort by (category, time), cumulative sums) and one row per
    (category, time) is sent at that time.  Tokens: a ``CapabilitySet`` with one token at the
    least pending time.
@@ -75,7 +79,10 @@ ELASTIC = True
 (``tokenflow.rescale.migrate``): their bins move between workers while the job runs."""
 SCHEMA = pa.schema([("category", pa.int64()), ("avg_price", pa.float64()), ("time", pa.int64())])
 WINNER_SCHEMA = pa.schema([("category", pa.int64()), ("price", pa.int64())])
-"""Stage 1 output: one row per closed auction with a winning bid, at time ``expires``."""
+"""A closed auction's winning price: ``CategoryAverages``' pending rows of one time."""
+TIMED_WINNER_SCHEMA = pa.schema([*WINNER_SCHEMA, pa.field("time", pa.int64())])
+"""Stage 1 output: one row per closed auction with a winning bid, ``time`` = its ``expires``
+(ms); a batch is sorted by ``time`` and sent at its least ``time``."""
 
 SPARK_SQL = """
 WITH winners AS (
@@ -271,8 +278,9 @@ class AuctionBook(ColumnarState):
 
 def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
                    elastic: Elastic | None = None) -> Stream:
-    """Stage 1: ``(category, price)`` (``WINNER_SCHEMA``) of every auction with a winning bid,
-    sent at time ``expires`` once the bid frontier has reached it (or the bids ended).
+    """Stage 1: ``(category, price, time)`` (``TIMED_WINNER_SCHEMA``, ``time`` = ``expires``)
+    of every auction with a winning bid once the bid frontier has reached its ``expires`` (or
+    the bids ended): one batch per invocation, sorted by ``time``, sent at its least ``time``.
 
     Inputs: auction batches (exchanged by ``id``) and bid batches (exchanged by ``auction``).
     Tokens: one, at the least open ``expires``, in a ``CapabilitySet`` (see the module notes).
@@ -305,11 +313,10 @@ def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
             cap = token.first()
             if len(expires):
                 assert cap is not None, "open auctions always hold a token"
-                keys, lo, hi = group_slices(expires)
-                winners = pa.RecordBatch.from_arrays([pa.array(category), pa.array(price)],
-                                                     schema=WINNER_SCHEMA)
-                for t, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
-                    output.give_batch(cap, winners.slice(a, b - a), time=t)
+                winners = pa.RecordBatch.from_arrays(
+                    [pa.array(category), pa.array(price), pa.array(expires)],
+                    schema=TIMED_WINNER_SCHEMA)
+                output.give_batch(cap, winners, time=int(expires[0]))
             least_open = state.least_expires()
             if least_open is None:
                 token.clear()
@@ -348,6 +355,18 @@ class CategoryAverages(ColumnarState):
     def add(self, time: int, batch: pa.RecordBatch) -> None:
         """Hold winners ``(category, price)`` that closed at ``time``."""
         self.pending.append((time, batch))
+
+    def add_timed(self, batch: pa.RecordBatch) -> None:
+        """Hold winners ``(category, price, time)`` (``TIMED_WINNER_SCHEMA``): one pending
+        entry per distinct ``time``, as ``add`` would hold them."""
+        times = int_column(batch, "time")
+        winners = batch.select(WINNER_SCHEMA.names)
+        if len(times) > 1 and (times[1:] < times[:-1]).any():
+            order = np.argsort(times, kind="stable")
+            times, winners = times[order], winners.take(pa.array(order))
+        keys, lo, hi = group_slices(times)
+        for t, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
+            self.pending.append((t, winners.slice(a, b - a)))
 
     def advance(self, bound: int | None) -> pa.Table:
         """Fold in, in time order, the winners with ``time < bound`` (all when None) and return
@@ -478,7 +497,8 @@ class CategoryAverages(ColumnarState):
 
 def running_average(winners: Stream, name: str = "Q4Average",
                     elastic: Elastic | None = None) -> Stream:
-    """Stage 2: exchange winners by ``category``; once the frontier passes a time, send one
+    """Stage 2: exchange winners (``TIMED_WINNER_SCHEMA`` batches) by ``category``; once the
+    frontier passes a time, send one
     ``SCHEMA`` row per category whose average changed at that time (at that time, in time
     order).  Tokens: a ``CapabilitySet`` with one token at the least pending time.  State:
     ``"averages"``, a ``CategoryAverages``; restored from a snapshot, its token is minted from
@@ -492,7 +512,7 @@ def running_average(winners: Stream, name: str = "Q4Average",
 
         def logic(input: OperatorInput, output: OperatorOutput) -> None:
             for ref, batch in input:
-                held.add(ref.time, batch)
+                held.add_timed(batch)  # its rows' times are >= the message's
                 if token.is_empty() or ref.time < token.times()[0]:
                     token.insert(ref.retain())
             if token.is_empty():
@@ -556,6 +576,6 @@ def compare(dataflow_df: pd.DataFrame, spark_df: pd.DataFrame) -> None:
             f"category vs Spark's final average):\n{bad.to_string(index=False)}")
 
 
-__all__ = ["COLUMNS", "ELASTIC", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TOTALS_SCHEMA", "WINNERS_SQL",
-           "WINNER_SCHEMA", "AuctionBook", "CategoryAverages", "build", "close_auctions",
-           "compare", "last_per_category", "running_average"]
+__all__ = ["COLUMNS", "ELASTIC", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TIMED_WINNER_SCHEMA",
+           "TOTALS_SCHEMA", "WINNERS_SQL", "WINNER_SCHEMA", "AuctionBook", "CategoryAverages",
+           "build", "close_auctions", "compare", "last_per_category", "running_average"]
