@@ -36,8 +36,8 @@ Dataflow:
    downgraded to the next least ``expires`` as auctions close (dropped when none is open).
 2. ``Q4Average`` (exchange by ``category``; ``CategoryAverages`` state): winning prices wait
    per time (a row's ``time``: no row of a message is earlier than the message) until the
-   frontier passes it, then, in time order, running sums/counts per category
-   are advanced vectorized (lexsort by (category, time), cumulative sums) and one row per
+   frontier passes it, then, in time order, running sums/counts per category are advanced
+   vectorized (lexsort by (category, time), cumulative sums) and one row per
    (category, time) is sent at that time.  Tokens: a ``CapabilitySet`` with one token at the
    least pending time.
 
@@ -502,11 +502,11 @@ class CategoryAverages(ColumnarState):
 def running_average(winners: Stream, name: str = "Q4Average",
                     elastic: Elastic | None = None) -> Stream:
     """Stage 2: exchange winners (``TIMED_WINNER_SCHEMA`` batches) by ``category``; once the
-    frontier passes a time, send one
-    ``SCHEMA`` row per category whose average changed at that time (at that time, in time
-    order).  Tokens: a ``CapabilitySet`` with one token at the least pending time.  State:
-    ``"averages"``, a ``CategoryAverages``; restored from a snapshot, its token is minted from
-    the initial token.  ``elastic``: a migrating operator (``tokenflow.rescale.migrate``)."""
+    frontier passes a time, send one ``SCHEMA`` row per category whose average changed at
+    that time (at that time, in time order).  Tokens: a ``CapabilitySet`` with one token at
+    the least pending time.  State: ``"averages"``, a ``CategoryAverages``; restored from a
+    snapshot, its token is minted from the initial token.  ``elastic``: a migrating operator
+    (``tokenflow.rescale.migrate``)."""
 
     def constructor(capability: Capability, info: OperatorInfo) -> Any:
         held = info.state("averages", CategoryAverages())

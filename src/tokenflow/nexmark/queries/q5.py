@@ -360,11 +360,11 @@ def partial_counts(auction: np.ndarray, date: np.ndarray, size: int = SIZE_MS,
     auction offset``: a batch's bids span few windows and a bounded range of auctions, and one
     key sorts in about a third of the time of ``np.lexsort`` on two (4,600 bids: 0.43 against
     1.1 ms).  A key that could pass 2**62 falls back to the lexsort."""
-    last = round_down(date, slide)
-    copies = size // slide
     if len(auction) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty
+    last = round_down(date, slide)
+    copies = size // slide
     least, low = int(last.min()), int(auction.min())
     span = int(auction.max()) - low + 1
     slot = (last - least) // slide + (copies - 1)  # the latest window's slot; >= 0 for all
