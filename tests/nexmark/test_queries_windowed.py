@@ -341,14 +341,14 @@ def test_category_averages_fold_in_time_order_and_snapshot() -> None:
 
 
 def test_category_averages_take_a_timed_batch_as_one_pending_entry_per_time() -> None:
-    """Stage 1 sends one batch of many closing times (``TIMED_WINNER_SCHEMA``); held with
+    """Stage 1 sends one batch of many closing times (``PENDING_SCHEMA``); held with
     ``add_timed``, it folds in as the same rows held with ``add`` per time would, even when
     an exchange left its rows out of time order."""
     rows = [(10, 300, 30), (10, 100, 10), (11, 50, 10), (10, 200, 10), (11, 70, 40)]
     timed = q4.CategoryAverages()
     timed.add_timed(pa.RecordBatch.from_pylist(
         [{"category": c, "price": p, "time": t} for c, p, t in rows],
-        schema=q4.TIMED_WINNER_SCHEMA))
+        schema=q4.PENDING_SCHEMA))
     by_time = q4.CategoryAverages()
     for t in sorted({t for _, _, t in rows}):
         by_time.add(t, pa.RecordBatch.from_pylist(

@@ -30,7 +30,7 @@ def build(streams: dict[str, Stream], config: GeneratorConfig) -> Stream:
 
     def select(batch: Any) -> pa.RecordBatch:
         auction = batch.column("auction").to_numpy()
-        keep = round_down(auction, skip) == auction
+        keep = round_down(auction, skip) == auction  # auction % skip == 0, without the slow %
         return batch.select(COLUMNS).filter(pa.array(keep))
 
     return streams["bid"].map_batch(select, name="Q2")

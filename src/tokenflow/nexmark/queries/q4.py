@@ -80,9 +80,10 @@ ELASTIC = True
 SCHEMA = pa.schema([("category", pa.int64()), ("avg_price", pa.float64()), ("time", pa.int64())])
 WINNER_SCHEMA = pa.schema([("category", pa.int64()), ("price", pa.int64())])
 """A closed auction's winning price: ``CategoryAverages``' pending rows of one time."""
-TIMED_WINNER_SCHEMA = pa.schema([*WINNER_SCHEMA, pa.field("time", pa.int64())])
-"""Stage 1 output: one row per closed auction with a winning bid, ``time`` = its ``expires``
-(ms); a batch is sorted by ``time`` and sent at its least ``time``."""
+PENDING_SCHEMA = pa.schema([*WINNER_SCHEMA, pa.field("time", pa.int64())])
+"""Winners with the time they closed (``expires``, ms): stage 1's output (a batch sorted by
+``time``, sent at its least ``time``) and ``CategoryAverages``' pending winners as exported
+rows."""
 
 SPARK_SQL = """
 WITH winners AS (
@@ -278,7 +279,7 @@ class AuctionBook(ColumnarState):
 
 def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
                    elastic: Elastic | None = None) -> Stream:
-    """Stage 1: ``(category, price, time)`` (``TIMED_WINNER_SCHEMA``, ``time`` = ``expires``)
+    """Stage 1: ``(category, price, time)`` (``PENDING_SCHEMA``, ``time`` = ``expires``)
     of every auction with a winning bid once the bid frontier has reached its ``expires`` (or
     the bids ended): one batch per invocation, sorted by ``time``, sent at its least ``time``.
 
@@ -315,7 +316,7 @@ def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
                 assert cap is not None, "open auctions always hold a token"
                 winners = pa.RecordBatch.from_arrays(
                     [pa.array(category), pa.array(price), pa.array(expires)],
-                    schema=TIMED_WINNER_SCHEMA)
+                    schema=PENDING_SCHEMA)
                 output.give_batch(cap, winners, time=int(expires[0]))
             least_open = state.least_expires()
             if least_open is None:
@@ -330,8 +331,6 @@ def close_auctions(auctions: Stream, bids: Stream, name: str = "Q4Close",
 
 TOTALS_SCHEMA = pa.schema([("category", pa.int64()), ("sum", pa.int64()), ("count", pa.int64())])
 """``CategoryAverages``' running totals as exported rows (cents, auctions)."""
-PENDING_SCHEMA = pa.schema([("category", pa.int64()), ("price", pa.int64()), ("time", pa.int64())])
-"""``CategoryAverages``' pending winners as exported rows (time: ms, when they closed)."""
 
 
 class CategoryAverages(ColumnarState):
@@ -356,15 +355,15 @@ class CategoryAverages(ColumnarState):
         """Hold winners ``(category, price)`` that closed at ``time``."""
         self.pending.append((time, batch))
 
-    def add_timed(self, batch: pa.RecordBatch) -> None:
-        """Hold winners ``(category, price, time)`` (``TIMED_WINNER_SCHEMA``): one pending
-        entry per distinct ``time``, as ``add`` would hold them."""
-        times = int_column(batch, "time")
-        winners = batch.select(WINNER_SCHEMA.names)
-        if len(times) > 1 and (times[1:] < times[:-1]).any():
-            order = np.argsort(times, kind="stable")
-            times, winners = times[order], winners.take(pa.array(order))
-        keys, lo, hi = group_slices(times)
+    def add_timed(self, rows: pa.Table | pa.RecordBatch) -> None:
+        """Hold winners ``(category, price, time)`` (``PENDING_SCHEMA``, in any order): one
+        pending entry per distinct ``time``, as ``add`` would hold them."""
+        times = int_column(rows, "time")
+        order = np.argsort(times, kind="stable")
+        winners = pa.RecordBatch.from_arrays(
+            [pa.array(int_column(rows, "category")[order]),
+             pa.array(int_column(rows, "price")[order])], schema=WINNER_SCHEMA)
+        keys, lo, hi = group_slices(times[order])
         for t, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
             self.pending.append((t, winners.slice(a, b - a)))
 
@@ -475,14 +474,7 @@ class CategoryAverages(ColumnarState):
                 self.sums[k] = s
                 self.counts[k] = c
             return
-        times = int_column(table, "time")
-        order = np.argsort(times, kind="stable")
-        winners = pa.RecordBatch.from_arrays(
-            [pa.array(int_column(table, "category")[order]),
-             pa.array(int_column(table, "price")[order])], schema=WINNER_SCHEMA)
-        keys, lo, hi = group_slices(times[order])
-        for t, a, b in zip(keys.tolist(), lo.tolist(), hi.tolist(), strict=True):
-            self.pending.append((t, winners.slice(a, b - a)))
+        self.add_timed(table)
 
     def clear(self) -> None:
         self.__init__()  # type: ignore[misc]
@@ -501,7 +493,7 @@ class CategoryAverages(ColumnarState):
 
 def running_average(winners: Stream, name: str = "Q4Average",
                     elastic: Elastic | None = None) -> Stream:
-    """Stage 2: exchange winners (``TIMED_WINNER_SCHEMA`` batches) by ``category``; once the
+    """Stage 2: exchange winners (``PENDING_SCHEMA`` batches) by ``category``; once the
     frontier passes a time, send one ``SCHEMA`` row per category whose average changed at
     that time (at that time, in time order).  Tokens: a ``CapabilitySet`` with one token at
     the least pending time.  State: ``"averages"``, a ``CategoryAverages``; restored from a
@@ -580,6 +572,6 @@ def compare(dataflow_df: pd.DataFrame, spark_df: pd.DataFrame) -> None:
             f"category vs Spark's final average):\n{bad.to_string(index=False)}")
 
 
-__all__ = ["COLUMNS", "ELASTIC", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TIMED_WINNER_SCHEMA",
-           "TOTALS_SCHEMA", "WINNERS_SQL", "WINNER_SCHEMA", "AuctionBook", "CategoryAverages",
-           "build", "close_auctions", "compare", "last_per_category", "running_average"]
+__all__ = ["COLUMNS", "ELASTIC", "PENDING_SCHEMA", "SCHEMA", "SPARK_SQL", "TOTALS_SCHEMA",
+           "WINNERS_SQL", "WINNER_SCHEMA", "AuctionBook", "CategoryAverages", "build",
+           "close_auctions", "compare", "last_per_category", "running_average"]
