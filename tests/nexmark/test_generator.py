@@ -21,6 +21,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tokenflow import execute
 from tokenflow.nexmark import (
@@ -342,6 +344,28 @@ def test_string_fast_path_equals_stepwise_including_rejections(zone: int) -> Non
     for i, state in enumerate(forced):  # and against the scalar reference
         r = RefRandom(0)
         r.seed = state
+        expected = "".join(" " if r.next_int(13) == 0 else chr(97 + r.next_int(26))
+                           for _ in range(lengths[i]))
+        assert bytes(a.chars[i][a.keep[i]]).decode() == expected
+        assert int(fast.state[i]) == r.seed
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), lanes=st.integers(0, 300), most=st.integers(0, 100))
+def test_string_characters_equal_the_stepwise_draws(seed: int, lanes: int, most: int) -> None:
+    """The closed form (no rejection in these draws: probability ~1e-8 each) against the
+    position-by-position draw, and its first lanes against the scalar reference."""
+    rng = np.random.default_rng(seed)
+    seeds = rng.integers(-(2**63), 2**63 - 1, size=lanes)
+    lengths = rng.integers(0, most + 1, size=lanes)
+    fast, slow = LaneRandom(seeds), LaneRandom(seeds)
+    a = string_characters(fast, lengths)
+    b = next_string_stepwise(slow, lengths)
+    assert (fast.state == slow.state).all()
+    assert a.keep.shape == b.keep.shape and (a.keep == b.keep).all()
+    assert (np.where(a.keep, a.chars, 0) == np.where(b.keep, b.chars, 0)).all()
+    for i in range(min(lanes, 3)):
+        r = RefRandom(int(seeds[i]))
         expected = "".join(" " if r.next_int(13) == 0 else chr(97 + r.next_int(26))
                            for _ in range(lengths[i]))
         assert bytes(a.chars[i][a.keep[i]]).decode() == expected

@@ -181,6 +181,19 @@ def test_next_int_block_matches_successive_next_int() -> None:
     assert (unsigned.view(np.int32) == signed).all()
 
 
+def test_peek_steps_are_each_lanes_next_states_without_advancing() -> None:
+    lanes = LaneRandom(SEEDS)
+    before = lanes.state.copy()
+    steps = lanes.peek_steps(70)  # 70 > the 64 precomputed jump constants
+    assert steps.shape == (70, len(SEEDS))
+    assert (lanes.state == before).all()
+    for i, seed in enumerate(SEEDS):
+        r = RefRandom(int(seed))
+        for j in range(70):
+            r.next(31)
+            assert int(steps[j, i]) == r.seed, (i, j)
+
+
 def test_jump_constants_compose_single_steps() -> None:
     a, c = jump_constants(5)
     s = 0x123456789AB

@@ -34,7 +34,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tokenflow.io.times import round_down
-from tokenflow.nexmark.javarandom import ADDEND, INT_MAX, MASK, MULTIPLIER, JavaRandom, LaneRandom
+from tokenflow.nexmark.javarandom import INT_MAX, LaneRandom
 
 BASE_TIME_MS = 1_436_918_400_000
 """2015-07-15T00:00:00Z in ms since the Unix epoch (Beam's ``NexmarkUtils.BASE_TIME``)."""
@@ -247,61 +247,62 @@ def next_string(rng: LaneRandom, max_length: int) -> Text:
     return _trim(raw.chars, raw.keep)
 
 
-_LIMIT13 = np.uint64(((1 << 31) // 13) * 13)
-_LIMIT26 = np.uint64(((1 << 31) // 26) * 26)
-_U13 = np.uint64(13)
-_U26 = np.uint64(26)
-_U97 = np.uint64(_LOWER_A)
-_U32 = np.uint64(_SPACE)
-_M = np.uint64(MULTIPLIER)
-_A = np.uint64(ADDEND)
-_MASK48 = np.uint64(MASK)
+_LIMIT26 = np.uint32(((1 << 31) // 26) * 26)
+"""``nextInt(26)`` rejects ``next(31)`` at or above this; ``nextInt(13)``'s zone starts higher."""
+_INV13 = np.uint32(pow(13, -1, 1 << 32))
+_MULTIPLES13 = np.uint32(((1 << 32) - 1) // 13)
+"""``x`` (uint32) is a multiple of 13 iff ``x * _INV13`` (mod 2**32) is at most this: one
+multiply and a compare, where numpy's integer ``%`` costs several times more."""
 _SHIFT31 = np.uint64(17)
 
 
 def string_characters(rng: LaneRandom, length: np.ndarray) -> Text:
     """The ``length[i]`` characters ``nextString`` draws in lane ``i`` after its length draw
-    (untrimmed: ``keep`` marks them), equal to ``next_string_stepwise`` but faster.
+    (untrimmed: ``keep`` marks them), equal to ``next_string_stepwise`` but without a loop
+    over positions.
 
-    Lanes are sorted by decreasing length so that the lanes still drawing at position ``j`` are
-    a prefix (views, no gathers).  Each position computes both candidate draws of every lane,
-    ``v1`` for ``nextInt(13)`` and ``v2`` for ``nextInt(26)``, and keeps the state after one
-    draw (space) or two (letter).  A lane where ``v1`` or a used ``v2`` falls in a rejection
-    zone (probability ~1e-8) is redone for that position with the scalar ``JavaRandom``.
+    A character takes one draw (``nextInt(13) == 0``: a space) or two (a letter flag, then
+    ``nextInt(26)``).  All ``2 * max(length)`` draws a lane could need are computed at once
+    (``LaneRandom.peek_steps``, one row per draw); which of them *start* a character has a
+    closed form: draw ``m`` does iff ``m - s`` is even, where ``s`` is one past the last draw
+    before ``m`` whose flag was a space (0 if none).  (After a space flag the next draw
+    starts a character whatever came before; in a run of letter flags, starts alternate.)
+    So the starts are one ``maximum.accumulate`` and a parity, and a lane's ``j``-th start
+    is its ``j``-th character.  A call in which any computed draw falls in a rejection zone
+    (a re-draw in Java; probability about 1e-8 a draw) is done by ``next_string_stepwise``.
     """
     length = np.asarray(length, dtype=np.int64)
     lanes = len(length)
     width = int(length.max()) if lanes else 0
-    order = np.argsort(-length, kind="stable")
-    active = lanes - np.cumsum(np.bincount(length, minlength=width + 1))[:width]  # length > j
-    state = rng.state[order]
+    if width == 0:
+        return Text(np.zeros((lanes, 0), dtype=np.uint8), np.zeros((lanes, 0), dtype=bool))
+    draws = 2 * width
+    states = rng.peek_steps(draws)  # (draws, lanes): the state after draw m
+    values = (states >> _SHIFT31).astype(np.uint32)  # next(31) of draw m
+    if values.max() >= _LIMIT26:
+        return next_string_stepwise(rng, length)
+    letter = values * _INV13 > _MULTIPLES13  # as a flag draw: nextInt(13) != 0
+    small = np.int16 if draws < np.iinfo(np.int16).max else np.int32
+    draw = np.arange(draws, dtype=small)[:, None]
+    run_start = np.empty((draws, lanes), dtype=small)  # s above, per draw and lane
+    run_start[0] = 0
+    np.maximum.accumulate(np.where(letter[:-1], small(-1), draw[:-1]), axis=0, out=run_start[1:])
+    run_start[1:] += 1
+    starts = ((draw - run_start) & 1) == 0
+    position = np.cumsum(starts, axis=0, dtype=small)  # characters started up to draw m
+    before = position < length[None, :]
+    taken = starts & (before | (position == length[None, :]))
+    at = np.flatnonzero(taken.T)  # lane by lane, each lane's characters in order
+    data = (values.T.ravel()[at + 1] % np.uint32(26)).astype(np.uint8) + np.uint8(_LOWER_A)
+    data[~letter.T.ravel()[at]] = _SPACE
+    keep = np.arange(width) < length[:, None]
     chars = np.zeros((lanes, width), dtype=np.uint8)
-    for j in range(width):
-        s = state[: active[j]]
-        s1 = s * _M
-        s1 += _A
-        s1 &= _MASK48
-        s2 = s1 * _M
-        s2 += _A
-        s2 &= _MASK48
-        v1 = s1 >> _SHIFT31  # next(31) for nextInt(13)
-        v2 = s2 >> _SHIFT31  # next(31) for nextInt(26), used after a letter flag
-        letter = v1 % _U13 != 0
-        chars[: active[j], j] = np.where(letter, v2 % _U26 + _U97, _U32)
-        if v1.max() >= _LIMIT13 or v2.max() >= _LIMIT26:
-            for i in np.flatnonzero((v1 >= _LIMIT13) | (letter & (v2 >= _LIMIT26))).tolist():
-                scalar = JavaRandom(0)
-                scalar.state = int(s[i])
-                first = scalar.next_int(13)
-                chars[i, j] = _SPACE if first == 0 else _LOWER_A + scalar.next_int(26)
-                letter[i] = False
-                s1[i] = scalar.state
-        np.copyto(s1, s2, where=letter)
-        s[:] = s1
-    rng.state[order] = state
-    out = np.empty_like(chars)
-    out[order] = chars
-    return Text(out, np.arange(width) < length[:, None])
+    chars[keep] = data
+    last = before.sum(axis=0)  # the draw that starts each lane's last character
+    lane = np.arange(lanes)
+    used = np.where(length > 0, last + 1 + letter[np.minimum(last, draws - 1), lane], 0)
+    rng.state[:] = np.where(used > 0, states[np.maximum(used - 1, 0), lane], rng.state)
+    return Text(chars, keep)
 
 
 def _trim(chars: np.ndarray, used: np.ndarray) -> Text:

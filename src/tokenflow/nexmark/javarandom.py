@@ -204,6 +204,16 @@ class LaneRandom:
         states &= _MASK
         return states
 
+    def peek_steps(self, width: int) -> np.ndarray:
+        """``peek_states(width)`` for every lane, transposed: row ``j`` holds every lane's state
+        after ``j + 1`` more steps (``uint64``, shape ``(width, len(self))``), so that scans over
+        the steps (``np.cumsum(..., axis=0)``) run along rows, vectorized over the lanes."""
+        a, c = _jump(width)
+        states = a[:width, None] * self.state[None, :]
+        states += c[:width, None]
+        states &= _MASK
+        return states
+
     def advance(self, states: np.ndarray, counts: np.ndarray,
                 lanes: np.ndarray | None = None) -> None:
         """Move each selected lane ``counts[i]`` steps ahead, given ``states = peek_states(...)``
