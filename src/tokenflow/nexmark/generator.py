@@ -300,18 +300,16 @@ def string_characters(rng: LaneRandom, length: np.ndarray) -> Text:
     run_start[1:] += 1
     starts = ((draw - run_start) & 1) == 0
     position = np.cumsum(starts, axis=0, dtype=small)  # characters started up to draw m
-    before = position < length[None, :]
-    taken = starts & (before | (position == length[None, :]))
+    taken = starts & (position <= length[None, :])
     at = np.flatnonzero(taken.T)  # lane by lane, each lane's characters in order
     data = (values.T.ravel()[at + 1] % np.uint32(26)).astype(np.uint8) + np.uint8(_LOWER_A)
     data[~letter.T.ravel()[at]] = _SPACE
     keep = prefix_mask(length, width)
     chars = np.zeros((lanes, width), dtype=np.uint8)
     chars[keep] = data
-    last = before.sum(axis=0)  # the draw that starts each lane's last character
-    lane = np.arange(lanes)
-    used = np.where(length > 0, last + 1 + letter[np.minimum(last, draws - 1), lane], 0)
-    rng.state[:] = np.where(used > 0, states[np.maximum(used - 1, 0), lane], rng.state)
+    last = (position < length[None, :]).sum(axis=0)  # the draw starting each lane's last character
+    used = np.where(length > 0, last + 1 + letter[np.minimum(last, draws - 1), np.arange(lanes)], 0)
+    rng.advance(states.T, used)
     return Text(chars, keep)
 
 
