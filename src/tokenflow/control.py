@@ -543,8 +543,9 @@ class ControlAgent:
         capture = self._changes.capture(getattr(worker, "states", {}), epoch,
                                         None if previous is None else int(previous), base)
         changed = capture.changed
-        meta: dict[str, Any] = {
-            "sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
+        meta: dict[str, Any] = {"sources": {
+            key: s.snapshot_positions() if hasattr(s, "snapshot_positions") else s.positions()
+            for key, s in getattr(worker, "sources", {}).items()}}
         if rescalers:  # each migrating operator's routing table at the epoch
             from tokenflow.rescale.megaphone import ROUTING_META
 
@@ -596,13 +597,16 @@ class ControlAgent:
         message = self.aligning
         assert message is not None
         epoch = int(message["epoch"])
-        if not self._paused(worker):
+        sources = self._sources(worker)
+        if not all(getattr(s, "crossed", False) or s.paused for s in sources):
             return
         times = self._align_times
         if len(times) == 1:
-            times.append(time.monotonic())  # the sources hold at the epoch
+            times.append(time.monotonic())  # the sources hold at the epoch or crossed it
             crash_point("checkpoint.align")
-        if not worker.activations.is_empty() or not worker.aligned_at(epoch):
+        # a source that crossed the epoch may go on reading: its positions are recorded
+        reading = {tuple(s.path) for s in sources if getattr(s, "crossed", False)}
+        if not worker.activations.only(reading) or not worker.aligned_at(epoch):
             self._relaxed_since = None
             return
         if not worker.aligned_at(epoch, strict=True):
@@ -620,10 +624,10 @@ class ControlAgent:
         self.aligning = None
         self.pause_epoch = epoch  # for ``_settled``
         traffic = worker.traffic
-        crossing, counted = traffic.take_crossing(epoch)  # the cut's channel state
+        crossing, counted, regenerated = traffic.take_crossing(epoch)  # the cut's channel state
         counters = {"sent": traffic.sent - counted, "received": traffic.received,
                     "settled": self._settled(worker), "held": len(traffic.held),
-                    "crossing": len(crossing)}
+                    "crossing": len(crossing), "regenerated": regenerated}
         self._capture(worker, message, counters, {"run up": times[1] - times[0],
                                                   "align": aligned - times[1]}, aligned,
                       crossing)
@@ -698,7 +702,10 @@ class ControlAgent:
         elif kind == "checkpoint":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
-                source.hold_at(epoch)
+                if message.get("resume") and getattr(source, "passes_cut", False):
+                    source.cut_at(epoch)  # records its positions at the epoch and reads on
+                else:
+                    source.hold_at(epoch)
             self._lift(worker)  # the barrier ``hold`` raised is at or before the epoch
             worker.traffic.barrier = epoch
             self.aligning = message
@@ -932,6 +939,9 @@ class SnapshotStats:
         crossing: (aligned) messages at the epoch or later that operators sent before their
             worker's capture, stored as the snapshot's channel state
             (``tokenflow.dataflow.channel_state``), summed over the workers.
+        regenerated: (aligned) messages at the epoch or later that sources sent before their
+            worker's capture, having recorded their positions at the epoch (``cut_at``): not
+            stored, a restored job reads them again; summed over the workers.
     """
 
     epoch: int
@@ -948,6 +958,7 @@ class SnapshotStats:
     held: int = 0
     stuck: bool = False
     crossing: int = 0
+    regenerated: int = 0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -1123,7 +1134,8 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
                                    "aligned" if aligned else "quiescent", worker_phases,
                                    list(discarded or ()),
                                    sum(int(r.get("held", 0)) for r in captured.values()), stuck,
-                                   sum(int(r.get("crossing", 0)) for r in captured.values())))
+                                   sum(int(r.get("crossing", 0)) for r in captured.values()),
+                                   sum(int(r.get("regenerated", 0)) for r in captured.values())))
     return epoch
 
 
