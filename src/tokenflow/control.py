@@ -22,9 +22,12 @@ for another worker's capture, only for the job to finish the records before ``e`
 raises each worker's *barrier* (``tokenflow.worker.Traffic``) at its own point, ``checkpoint``
 moves it to ``e``: from then until the worker's capture, an operator input sets aside every
 message at a time ``>= e`` instead of handing it to its operator (records of ``e`` and later
-wait at the input; the messages behind one still come).  The sources emit everything before ``e`` and
-stop there; the worker captures its state as soon as its sources hold at ``e``, it has
-nothing left to run, and its view of the dataflow holds no record in flight before ``e`` and
+wait at the input; the messages behind one still come).  The sources emit everything before ``e``;
+a source with fixed splits records its positions as it crosses ``e`` and reads on while its
+worker has nothing else to run (``SourceHandle.cut_at``, ``read_ahead``; its messages past
+``e`` are left out of ``sent`` and read again by a restored job), others stop at ``e``; the
+worker captures its state as soon as its sources have crossed ``e``, it has nothing left to
+run but such sources, and its view of the dataflow holds no record in flight before ``e`` and
 no token before ``e`` but on operators that have received all their input before ``e``
 (``Worker.aligned_at``: timely's progress tracking is conservative, so this holds on every
 worker).  Right after its capture the worker lowers its barrier and resumes its sources; its
@@ -67,14 +70,18 @@ Commands (driver -> workers) and replies (workers -> driver):
     after its point at which operators hold tokens (``Worker.token_times``), which the driver
     does not choose as the epoch (``BUSY_TIMES``).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
-    sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
-    to ``epoch``; the worker steps on and, once aligned (above), captures its part as
-    ``snapshot`` below does and replies ``captured`` with its ``sent`` and ``received``
-    counters at the capture, ``settled`` and ``phases`` (seconds: ``run up``
-    from the command until its sources held at ``epoch``, ``align`` from then until aligned,
-    ``capture``).  With ``resume`` true it then lowers the barrier and resumes its sources at
-    once, while a background thread writes the part (``written`` / ``write_failed``);
-    otherwise it awaits ``resume`` or ``stop`` without stepping.
+    sources emit everything before ``epoch``; with ``resume``, those that can record their
+    positions at ``epoch`` and read on do (``cut_at``), the others (and all without
+    ``resume``) emit nothing at or after it; the barrier moves to ``epoch``; the worker steps
+    on and, once aligned (above), captures its part as ``snapshot`` below does (a source's
+    positions at the cut) and replies ``captured`` with its ``sent`` and ``received``
+    counters at the capture, ``settled``, ``crossing`` and ``regenerated`` (messages past
+    the epoch stored as channel state / left to the sources' replay) and ``phases``
+    (seconds: ``run up`` from the command until its sources crossed or held at ``epoch``,
+    ``align`` from then until aligned, ``capture``).  With ``resume`` true it then lowers
+    the barrier and resumes its sources at once, while a background thread writes the part
+    (``written`` / ``write_failed``); otherwise it awaits ``resume`` or ``stop`` without
+    stepping.
 ``cut``  (aligned, after every ``captured``)
     push the messages at times before the epoch kept back since the capture.
 ``pause_at`` ``epoch``  (quiescent)
@@ -604,9 +611,14 @@ class ControlAgent:
         if len(times) == 1:
             times.append(time.monotonic())  # the sources hold at the epoch or crossed it
             crash_point("checkpoint.align")
-        # a source that crossed the epoch may go on reading: its positions are recorded
-        reading = {tuple(s.path) for s in sources if getattr(s, "crossed", False)}
-        if not worker.activations.only(reading) or not worker.aligned_at(epoch):
+        # a source that crossed the epoch may go on reading (its positions are recorded) while
+        # nothing else of its worker's is to run: the epochs before it come first
+        crossed = [s for s in sources if getattr(s, "crossed", False)]
+        reading = {tuple(s.path) for s in crossed}
+        idle = worker.activations.only(reading)
+        for source in crossed:
+            source.read_ahead(idle)
+        if not idle or not worker.aligned_at(epoch):
             self._relaxed_since = None
             return
         if not worker.aligned_at(epoch, strict=True):

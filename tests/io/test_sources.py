@@ -323,8 +323,8 @@ def test_the_control_planes_hold_is_apart_from_the_jobs_pause() -> None:
 def test_a_cut_records_the_positions_a_pause_there_would_and_reads_on() -> None:
     """An aligned checkpoint's ``cut_at(e)`` (after the ``hold`` round's ``hold_at``): the
     positions it records as the source crosses ``e`` are those a ``pause_at(e)`` gives, while
-    the source reads on past ``e``, ``CUT_READ_AHEAD`` epochs at most, until ``release_hold``;
-    nothing is lost or repeated."""
+    the source reads on past ``e`` once ``read_ahead`` lets it, ``CUT_READ_AHEAD`` epochs at
+    most, until ``release_hold``; nothing is lost or repeated."""
     table = events_table()
     splits = table_splits(table, 8, time="t")
     early, epoch = 40, 70
@@ -351,6 +351,10 @@ def test_a_cut_records_the_positions_a_pause_there_would_and_reads_on() -> None:
         worker.step_while(lambda: not handle.paused)
         handle.cut_at(epoch)
         worker.step_while(lambda: not handle.crossed)
+        for _ in range(20):  # at the cut until its worker lets it read ahead
+            worker.step_or_park(0.001)
+        assert max(t for t, _ in cap.events) < epoch and handle.frontier == epoch
+        handle.read_ahead(True)
         for _ in range(40):  # reads on past the cut, up to its read-ahead
             worker.step_or_park(0.001)
         emitted = [t for t, _ in cap.events]

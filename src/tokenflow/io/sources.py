@@ -35,9 +35,9 @@ Model:
   and a checkpoint's ``release_hold`` leaves a pause the job set in place.
 * An aligned checkpoint at ``e`` that lets the job go on instead marks a **cut** (``cut_at``):
   the source emits everything before ``e``, records its positions as it crosses ``e``
-  (``cut_positions``: what ``positions()`` would give paused at ``e``) and reads on (at most
-  ``CUT_READ_AHEAD`` epochs past ``e``), so it does not stand still while the job finishes the
-  epochs before ``e``.  Its records at ``e`` and later
+  (``cut_positions``: what ``positions()`` would give paused at ``e``) and reads on whenever its
+  worker has nothing else to run (at most ``CUT_READ_AHEAD`` epochs past ``e``), so it does not
+  stand still while the job finishes the epochs before ``e``.  Its records at ``e`` and later
   wait at the operator inputs until their worker's capture, and a job restored from the
   checkpoint reads them again from those positions (``OperatorCore.regenerated``).  Sources
   whose splits change while they run (a directory's files, a re-split's hand-over) stop at the
@@ -71,7 +71,9 @@ CUT_READ_AHEAD = 4
 """Epochs (of its own length) a source reads past an aligned checkpoint's epoch (``cut_at``)
 until the control plane lifts the cut after its worker's capture: what it reads meanwhile waits
 at the operator inputs, so this bounds the memory it holds there (and a job whose downstream
-operators pace their source by their CPU is not flooded while they align)."""
+operators pace their source by their CPU is not flooded while they align).  It reads there
+only while its worker has nothing else to run (``SourceHandle.read_ahead``), one read round
+per scheduling, so finishing the epochs before the cut comes first."""
 
 DEFAULT_HISTORY = 4096
 """Logical times whose offset ranges a ``SourceHandle`` keeps in ``epochs``."""
@@ -513,6 +515,7 @@ class _Reader:
         self.limit: int | None = None  # flow control (``SourceHandle.limit``), not a pause
         self.cut: int | None = None  # an aligned checkpoint's epoch (``SourceHandle.cut_at``)
         self.cut_positions: dict[str, int] | None = None  # ``positions()`` as it crossed ``cut``
+        self.cut_ahead = 0  # epochs it may read past ``cut`` now (``SourceHandle.read_ahead``)
         self.paused = False
         self.closed = False
         self.finished = False
@@ -726,8 +729,8 @@ class _Reader:
                 self._idle()
                 return
             emitted += sent
-            if emitted >= self.max_rows:
-                self.activate()
+            if emitted >= self.max_rows or (self.cut is not None and self.cut_positions is not None):
+                self.activate()  # past a cut: one round at a time (``CUT_READ_AHEAD``)
                 return
 
     def _round(self, live: list[_State], low: int) -> bool:
@@ -760,12 +763,11 @@ class _Reader:
         return True
 
     def _read_limit(self) -> int | None:
-        """The flow-control limit in effect: ``limit``, and ``CUT_READ_AHEAD`` epochs past a
-        cut."""
+        """The flow-control limit in effect: ``limit``, and ``cut_ahead`` epochs past a cut."""
         limit, cut = self.limit, self.cut
         if cut is None:
             return limit
-        ahead = cut + CUT_READ_AHEAD * self.granularity
+        ahead = cut + self.cut_ahead * self.granularity
         return ahead if limit is None else min(limit, ahead)
 
     def _cutoff(self, live: list[_State]) -> int:
@@ -918,8 +920,8 @@ class SourceHandle:
     def cut_at(self, epoch: int) -> None:
         """An aligned checkpoint's cut at ``epoch`` (``tokenflow.control``): lift the control
         plane's pause, emit everything before ``epoch``, record the positions as the source
-        crosses it (``snapshot_positions``) and read on, at most ``CUT_READ_AHEAD`` epochs
-        past it.  ``release_hold`` forgets the cut.
+        crosses it (``snapshot_positions``) and read on past it as ``read_ahead`` allows (at
+        first not at all).  ``release_hold`` forgets the cut.
 
         Raises:
             ValueError: ``epoch`` is not a multiple of the granularity, rows at or after it
@@ -931,9 +933,21 @@ class SourceHandle:
                              "positions at a cut and read on; hold it at the epoch instead")
         with r.lock:
             self._check_pause(epoch)
-            r.cut, r.cut_positions = epoch, None
+            r.cut, r.cut_positions, r.cut_ahead = epoch, None, 0
             self._set_pause(own=False, epoch=None)
         r.activate()
+
+    def read_ahead(self, allowed: bool) -> None:
+        """Past a cut (``cut_at``): let the source read on, up to ``CUT_READ_AHEAD`` epochs
+        past it (``allowed``, while its worker has nothing else to run), or stop it at the cut
+        for now."""
+        r = self._reader
+        ahead = CUT_READ_AHEAD if allowed else 0
+        with r.lock:
+            more = ahead > r.cut_ahead
+            r.cut_ahead = ahead
+        if more:
+            r.activate()
 
     @property
     def crossed(self) -> bool:
@@ -1024,6 +1038,7 @@ class SourceHandle:
         r = self._reader
         with r.lock:
             r.cut = r.cut_positions = None
+            r.cut_ahead = 0
         self._pause(own=False, epoch=None)
 
     @property
