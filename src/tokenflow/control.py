@@ -22,12 +22,9 @@ for another worker's capture, only for the job to finish the records before ``e`
 raises each worker's *barrier* (``tokenflow.worker.Traffic``) at its own point, ``checkpoint``
 moves it to ``e``: from then until the worker's capture, an operator input sets aside every
 message at a time ``>= e`` instead of handing it to its operator (records of ``e`` and later
-wait at the input; the messages behind one still come).  The sources emit everything before ``e``;
-a source with fixed splits records its positions as it crosses ``e`` and reads on while its
-worker has nothing else to run (``SourceHandle.cut_at``, ``read_ahead``; its messages past
-``e`` are left out of ``sent`` and read again by a restored job), others stop at ``e``; the
-worker captures its state as soon as its sources have crossed ``e``, it has nothing left to
-run but such sources, and its view of the dataflow holds no record in flight before ``e`` and
+wait at the input; the messages behind one still come).  The sources emit everything before ``e`` and
+stop there; the worker captures its state as soon as its sources hold at ``e``, it has
+nothing left to run, and its view of the dataflow holds no record in flight before ``e`` and
 no token before ``e`` but on operators that have received all their input before ``e``
 (``Worker.aligned_at``: timely's progress tracking is conservative, so this holds on every
 worker).  Right after its capture the worker lowers its barrier and resumes its sources; its
@@ -70,18 +67,14 @@ Commands (driver -> workers) and replies (workers -> driver):
     after its point at which operators hold tokens (``Worker.token_times``), which the driver
     does not choose as the epoch (``BUSY_TIMES``).
 ``checkpoint`` ``epoch``, ``root``, ``job``, ``previous``, ``resume``  (aligned)
-    sources emit everything before ``epoch``; with ``resume``, those that can record their
-    positions at ``epoch`` and read on do (``cut_at``), the others (and all without
-    ``resume``) emit nothing at or after it; the barrier moves to ``epoch``; the worker steps
-    on and, once aligned (above), captures its part as ``snapshot`` below does (a source's
-    positions at the cut) and replies ``captured`` with its ``sent`` and ``received``
-    counters at the capture, ``settled``, ``crossing`` and ``regenerated`` (messages past
-    the epoch stored as channel state / left to the sources' replay) and ``phases``
-    (seconds: ``run up`` from the command until its sources crossed or held at ``epoch``,
-    ``align`` from then until aligned, ``capture``).  With ``resume`` true it then lowers
-    the barrier and resumes its sources at once, while a background thread writes the part
-    (``written`` / ``write_failed``); otherwise it awaits ``resume`` or ``stop`` without
-    stepping.
+    sources emit everything before ``epoch`` and nothing at or after it; the barrier moves
+    to ``epoch``; the worker steps on and, once aligned (above), captures its part as
+    ``snapshot`` below does and replies ``captured`` with its ``sent`` and ``received``
+    counters at the capture, ``settled`` and ``phases`` (seconds: ``run up``
+    from the command until its sources held at ``epoch``, ``align`` from then until aligned,
+    ``capture``).  With ``resume`` true it then lowers the barrier and resumes its sources at
+    once, while a background thread writes the part (``written`` / ``write_failed``);
+    otherwise it awaits ``resume`` or ``stop`` without stepping.
 ``cut``  (aligned, after every ``captured``)
     push the messages at times before the epoch kept back since the capture.
 ``pause_at`` ``epoch``  (quiescent)
@@ -550,9 +543,8 @@ class ControlAgent:
         capture = self._changes.capture(getattr(worker, "states", {}), epoch,
                                         None if previous is None else int(previous), base)
         changed = capture.changed
-        meta: dict[str, Any] = {"sources": {
-            key: s.snapshot_positions() if hasattr(s, "snapshot_positions") else s.positions()
-            for key, s in getattr(worker, "sources", {}).items()}}
+        meta: dict[str, Any] = {
+            "sources": {key: s.positions() for key, s in getattr(worker, "sources", {}).items()}}
         if rescalers:  # each migrating operator's routing table at the epoch
             from tokenflow.rescale.megaphone import ROUTING_META
 
@@ -604,21 +596,13 @@ class ControlAgent:
         message = self.aligning
         assert message is not None
         epoch = int(message["epoch"])
-        sources = self._sources(worker)
-        if not all(getattr(s, "crossed", False) or s.paused for s in sources):
+        if not self._paused(worker):
             return
         times = self._align_times
         if len(times) == 1:
-            times.append(time.monotonic())  # the sources hold at the epoch or crossed it
+            times.append(time.monotonic())  # the sources hold at the epoch
             crash_point("checkpoint.align")
-        # a source that crossed the epoch may go on reading (its positions are recorded) while
-        # nothing else of its worker's is to run: the epochs before it come first
-        crossed = [s for s in sources if getattr(s, "crossed", False)]
-        reading = {tuple(s.path) for s in crossed}
-        idle = worker.activations.only(reading)
-        for source in crossed:
-            source.read_ahead(idle)
-        if not idle or not worker.aligned_at(epoch):
+        if not worker.activations.is_empty() or not worker.aligned_at(epoch):
             self._relaxed_since = None
             return
         if not worker.aligned_at(epoch, strict=True):
@@ -636,10 +620,10 @@ class ControlAgent:
         self.aligning = None
         self.pause_epoch = epoch  # for ``_settled``
         traffic = worker.traffic
-        crossing, counted, regenerated = traffic.take_crossing(epoch)  # the cut's channel state
+        crossing, counted = traffic.take_crossing(epoch)  # the cut's channel state
         counters = {"sent": traffic.sent - counted, "received": traffic.received,
                     "settled": self._settled(worker), "held": len(traffic.held),
-                    "crossing": len(crossing), "regenerated": regenerated}
+                    "crossing": len(crossing)}
         self._capture(worker, message, counters, {"run up": times[1] - times[0],
                                                   "align": aligned - times[1]}, aligned,
                       crossing)
@@ -714,10 +698,7 @@ class ControlAgent:
         elif kind == "checkpoint":
             epoch = int(message["epoch"])
             for source in self._sources(worker):
-                if message.get("resume") and getattr(source, "passes_cut", False):
-                    source.cut_at(epoch)  # records its positions at the epoch and reads on
-                else:
-                    source.hold_at(epoch)
+                source.hold_at(epoch)
             self._lift(worker)  # the barrier ``hold`` raised is at or before the epoch
             worker.traffic.barrier = epoch
             self.aligning = message
@@ -951,9 +932,6 @@ class SnapshotStats:
         crossing: (aligned) messages at the epoch or later that operators sent before their
             worker's capture, stored as the snapshot's channel state
             (``tokenflow.dataflow.channel_state``), summed over the workers.
-        regenerated: (aligned) messages at the epoch or later that sources sent before their
-            worker's capture, having recorded their positions at the epoch (``cut_at``): not
-            stored, a restored job reads them again; summed over the workers.
     """
 
     epoch: int
@@ -970,7 +948,6 @@ class SnapshotStats:
     held: int = 0
     stuck: bool = False
     crossing: int = 0
-    regenerated: int = 0
 
 
 def take_snapshot(hub: Hub, workers: list[int], root: str, job: str, routing: RoutingTable,
@@ -1146,8 +1123,7 @@ def _snapshot_round(send_all: Callable[..., None], gather: Callable[..., dict[in
                                    "aligned" if aligned else "quiescent", worker_phases,
                                    list(discarded or ()),
                                    sum(int(r.get("held", 0)) for r in captured.values()), stuck,
-                                   sum(int(r.get("crossing", 0)) for r in captured.values()),
-                                   sum(int(r.get("regenerated", 0)) for r in captured.values())))
+                                   sum(int(r.get("crossing", 0)) for r in captured.values())))
     return epoch
 
 

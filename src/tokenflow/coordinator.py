@@ -302,7 +302,6 @@ _REPLY_FIELDS: dict[str, dict[str, Callable[[Any], bool]]] = {
                  "received": lambda v: v is None or (_is_int(v) and v >= 0),
                  "held": lambda v: v is None or (_is_int(v) and v >= 0),
                  "crossing": lambda v: v is None or (_is_int(v) and v >= 0),
-                 "regenerated": lambda v: v is None or (_is_int(v) and v >= 0),
                  "phases": lambda v: v is None or (isinstance(v, dict) and len(v) <= 16 and all(
                      isinstance(k, str) and isinstance(x, int | float) and not isinstance(x, bool)
                      for k, x in v.items()))},

@@ -62,10 +62,6 @@ class Activations:
     def is_empty(self) -> bool:
         return not self._active
 
-    def only(self, paths: set[tuple[int, ...]]) -> bool:
-        """True when no operator but those at ``paths`` asked to be scheduled."""
-        return self._active <= paths
-
 
 def outermost(time: Any) -> Any:
     """A time's outermost coordinate: a nested scope's ``Product`` times nest the outer one
@@ -105,32 +101,24 @@ class Traffic:
         self.held: list[Any] = []
         self.defer: int | None = None
         self.deferred: list[tuple[Any, Any]] = []
-        self.crossing: list[tuple[tuple[int, ...], int, Any, int, bool]] = []
+        self.crossing: list[tuple[tuple[int, ...], int, Any, int]] = []
 
-    def cross(self, path: tuple[int, ...], port: int, message: Any, counted: int,
-              store: bool = True) -> None:
+    def cross(self, path: tuple[int, ...], port: int, message: Any, counted: int) -> None:
         """Record a message an operator pushed at a time the barrier holds (``counted``: what
         the push added to ``sent``): if it is at or after the checkpoint's epoch, it crosses
-        the cut and is stored as channel state (``tokenflow.dataflow.channel_state``), or,
-        with ``store`` false (a replayable source's, ``OperatorCore.regenerated``), only left
-        out of ``sent``: a restored job reads it again."""
-        self.crossing.append((path, port, message, counted, store))
+        the cut and is stored as channel state (``tokenflow.dataflow.channel_state``)."""
+        self.crossing.append((path, port, message, counted))
 
-    def take_crossing(self, epoch: int) -> tuple[list[tuple[tuple[int, ...], int, Any]], int, int]:
-        """``(entries, counted, regenerated)``: the recorded messages at or after ``epoch``
-        (outermost coordinate) to store as channel-state entries, the count that all recorded
-        at or after ``epoch`` (stored or not) added to ``sent``, and how many of them are not
-        stored (``store`` false); forgets every record."""
-        entries, counted, regenerated = [], 0, 0
-        for path, port, message, n, store in self.crossing:
+    def take_crossing(self, epoch: int) -> tuple[list[tuple[tuple[int, ...], int, Any]], int]:
+        """The recorded messages at or after ``epoch`` (outermost coordinate) as channel-state
+        entries, with the count they added to ``sent``; forgets every record."""
+        entries, counted = [], 0
+        for path, port, message, n in self.crossing:
             if outermost(message[0]) >= epoch:
-                if store:
-                    entries.append((path, port, message))
-                else:
-                    regenerated += 1
+                entries.append((path, port, message))
                 counted += n
         self.crossing = []
-        return entries, counted, regenerated
+        return entries, counted
 
     def holds(self, time: Any) -> bool:
         """True while a barrier is up and ``time`` (its outermost coordinate: a nested scope's

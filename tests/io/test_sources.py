@@ -320,62 +320,6 @@ def test_the_control_planes_hold_is_apart_from_the_jobs_pause() -> None:
     assert execute(early_hold, workers=2, runtime="thread") == [[early, own]] * 2
 
 
-def test_a_cut_records_the_positions_a_pause_there_would_and_reads_on() -> None:
-    """An aligned checkpoint's ``cut_at(e)`` (after the ``hold`` round's ``hold_at``): the
-    positions it records as the source crosses ``e`` are those a ``pause_at(e)`` gives, while
-    the source reads on past ``e`` once ``read_ahead`` lets it, ``CUT_READ_AHEAD`` epochs at
-    most, until ``release_hold``; nothing is lost or repeated."""
-    table = events_table()
-    splits = table_splits(table, 8, time="t")
-    early, epoch = 40, 70
-    ahead = epoch + sources_module.CUT_READ_AHEAD * GRANULARITY
-
-    def build(scope: Any) -> tuple[Capture, SourceHandle]:
-        stream, handle = replayable_source(scope, "Events", splits, "t", granularity=GRANULARITY,
-                                           max_rows=40)
-        return capture(stream), handle
-
-    def paused(worker: Worker) -> dict[str, int]:
-        _, handle = worker.dataflow(build)
-        handle.pause_at(epoch)
-        worker.step_while(lambda: not handle.paused)
-        positions = handle.positions()
-        handle.close()
-        worker.step_until_done()
-        return positions
-
-    def cut(worker: Worker) -> tuple[Capture, dict[str, int]]:
-        cap, handle = worker.dataflow(build)
-        assert handle.passes_cut and not handle.crossed
-        handle.hold_at(early)
-        worker.step_while(lambda: not handle.paused)
-        handle.cut_at(epoch)
-        worker.step_while(lambda: not handle.crossed)
-        for _ in range(20):  # at the cut until its worker lets it read ahead
-            worker.step_or_park(0.001)
-        assert max(t for t, _ in cap.events) < epoch and handle.frontier == epoch
-        handle.read_ahead(True)
-        for _ in range(40):  # reads on past the cut, up to its read-ahead
-            worker.step_or_park(0.001)
-        emitted = [t for t, _ in cap.events]
-        assert max(emitted) >= epoch and max(emitted) < ahead and handle.frontier == ahead
-        recorded = handle.snapshot_positions()
-        assert recorded != handle.positions()  # it did read on
-        with pytest.raises(ValueError, match="already emitted"):
-            handle.cut_at(epoch)
-        handle.release_hold()
-        assert not handle.crossed and handle.snapshot_positions() == handle.positions()
-        worker.step_until_done()
-        return cap, recorded
-
-    expected = execute(paused, workers=2, runtime="thread")
-    results = execute(cut, workers=2, runtime="thread")
-    assert [r for _, r in results] == expected
-    assert ids_by_time([c for c, _ in results]) == oracle(table, GRANULARITY)
-    for cap, _ in results:
-        check_stream(cap, GRANULARITY)
-
-
 # -- Parquet ---------------------------------------------------------------------------------
 
 
@@ -588,23 +532,6 @@ def _capture_directory(scope: Any, path: Path, format: str,
     stream, handle = directory_source(scope, "Drop", str(path), format=format, poll=0.05,
                                       positions=positions, max_rows=7)
     return capture(stream), handle
-
-
-def test_a_directory_source_holds_at_a_checkpoints_epoch_instead_of_passing_it(
-        tmp_path: Path) -> None:
-    """Its files are found as it runs: one found after the epoch would be missing from
-    positions recorded there, so it refuses ``cut_at`` (the control plane holds it)."""
-    end_input(tmp_path)
-
-    def job(worker: Worker) -> bool:
-        _, handle = worker.dataflow(lambda scope: _capture_directory(scope, tmp_path, "parquet",
-                                                                     None))
-        with pytest.raises(ValueError, match="hold it at the epoch instead"):
-            handle.cut_at(0)
-        worker.step_until_done()
-        return handle.passes_cut
-
-    assert execute(job, workers=1, runtime="thread") == [False]
 
 
 def test_directory_source_reads_files_dropped_while_running_once(tmp_path: Path) -> None:

@@ -195,8 +195,6 @@ def _visible(name: str) -> bool:
 class _DirectoryReader(_Reader):
     """A ``_Reader`` whose splits are the files of a directory, found by polling."""
 
-    passes_cut = False  # a file found after a checkpoint's epoch is not in positions there
-
     def __init__(self, scope: Any, name: str, path: str, format: str, time: str | None,
                  poll: float, end_marker: str | None, granularity: int,
                  positions: Mapping[str, int] | None, start: int | None, pause_at: int | None,

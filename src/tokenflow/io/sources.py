@@ -33,15 +33,6 @@ Model:
 * The control plane (``tokenflow.control``: snapshots, checkpoints) pauses with ``hold_at`` and
   lifts with ``release_hold``, a pause of its own: the source stops at the earlier of the two,
   and a checkpoint's ``release_hold`` leaves a pause the job set in place.
-* An aligned checkpoint at ``e`` that lets the job go on instead marks a **cut** (``cut_at``):
-  the source emits everything before ``e``, records its positions as it crosses ``e``
-  (``cut_positions``: what ``positions()`` would give paused at ``e``) and reads on whenever its
-  worker has nothing else to run (at most ``CUT_READ_AHEAD`` epochs past ``e``), so it does not
-  stand still while the job finishes the epochs before ``e``.  Its records at ``e`` and later
-  wait at the operator inputs until their worker's capture, and a job restored from the
-  checkpoint reads them again from those positions (``OperatorCore.regenerated``).  Sources
-  whose splits change while they run (a directory's files, a re-split's hand-over) stop at the
-  epoch instead (``passes_cut``).
 
 Per-batch work is vectorized (numpy / Arrow per read chunk); Python loops run per split, per
 logical time and per read round, never per row.
@@ -56,7 +47,7 @@ import time as clock
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -66,14 +57,6 @@ from tokenflow.dataflow.operators.builder import OperatorBuilder
 from tokenflow.dataflow.routing import column_routes
 from tokenflow.io.times import InputError, column_times, event_times, round_down
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, event_kinds, generate
-
-CUT_READ_AHEAD = 4
-"""Epochs (of its own length) a source reads past an aligned checkpoint's epoch (``cut_at``)
-until the control plane lifts the cut after its worker's capture: what it reads meanwhile waits
-at the operator inputs, so this bounds the memory it holds there (and a job whose downstream
-operators pace their source by their CPU is not flooded while they align).  It reads there
-only while its worker has nothing else to run (``SourceHandle.read_ahead``), one read round
-per scheduling, so finishing the epochs before the cut comes first."""
 
 DEFAULT_HISTORY = 4096
 """Logical times whose offset ranges a ``SourceHandle`` keeps in ``epochs``."""
@@ -480,11 +463,6 @@ class _Reader:
     docstring).  Subclasses add splits while running (``_discover``) and bound the times of
     splits still to come (``_bound``)."""
 
-    passes_cut: ClassVar[bool] = True
-    """Its positions at a checkpoint's epoch are those it has as it crosses the epoch
-    (``SourceHandle.cut_at``); False for a source that adds splits as it runs: one found
-    after the crossing would be missing from them."""
-
     def __init__(self, name: str, outputs: tuple[str, ...], time: str, granularity: int,
                  start: int | None, pause_at: int | None, max_rows: int, history: int,
                  on_epoch: OnEpoch | None) -> None:
@@ -513,9 +491,6 @@ class _Reader:
         self.own_pause: int | None = pause_at  # the job's (``SourceHandle.pause_at``)
         self.held: int | None = None  # the control plane's (``SourceHandle.hold_at``)
         self.limit: int | None = None  # flow control (``SourceHandle.limit``), not a pause
-        self.cut: int | None = None  # an aligned checkpoint's epoch (``SourceHandle.cut_at``)
-        self.cut_positions: dict[str, int] | None = None  # ``positions()`` as it crossed ``cut``
-        self.cut_ahead = 0  # epochs it may read past ``cut`` now (``SourceHandle.read_ahead``)
         self.paused = False
         self.closed = False
         self.finished = False
@@ -729,18 +704,14 @@ class _Reader:
                 self._idle()
                 return
             emitted += sent
-            if emitted >= self.max_rows or (self.cut is not None and self.cut_positions is not None):
-                self.activate()  # past a cut: one round at a time (``CUT_READ_AHEAD``)
+            if emitted >= self.max_rows:
+                self.activate()
                 return
 
     def _round(self, live: list[_State], low: int) -> bool:
         """Move the token to ``low`` (the least time still to come); False when the round
-        must not emit (paused at or before ``low``, or waiting for splits to appear).  Records
-        the positions at the cut once ``low`` has reached it: every row before the cut is
-        emitted and none after it (``_cutoff`` stops a round there)."""
-        if self.cut is not None and self.cut_positions is None and low >= self.cut:
-            self.cut_positions = self.positions()
-        pause, limit = self.pause, self._read_limit()
+        must not emit (paused at or before ``low``, or waiting for splits to appear)."""
+        pause, limit = self.pause, self.limit
         if pause is not None and low >= pause:
             self._advance(low)
             self.paused = True
@@ -762,23 +733,13 @@ class _Reader:
             return False
         return True
 
-    def _read_limit(self) -> int | None:
-        """The flow-control limit in effect: ``limit``, and ``cut_ahead`` epochs past a cut."""
-        limit, cut = self.limit, self.cut
-        if cut is None:
-            return limit
-        ahead = cut + self.cut_ahead * self.granularity
-        return ahead if limit is None else min(limit, ahead)
-
     def _cutoff(self, live: list[_State]) -> int:
         """Rows with times before the cutoff may all be sent now: every buffered row up to the
-        least logical time at which some split's buffer ends, and none at or after a pause
-        (nor after a cut not crossed yet: the next round records the positions there)."""
+        least logical time at which some split's buffer ends, and none at or after a pause."""
         horizon = min(int(st.logical[-1]) for st in live)  # type: ignore[index]
         cutoff = horizon + self.granularity
         fence = self.moves.fence if self.moves is not None and self.moves.deciding else None
-        cut = self.cut if self.cut_positions is None else None
-        for bound in (self.pause, self._read_limit(), fence, cut):
+        for bound in (self.pause, self.limit, fence):
             if bound is not None:
                 cutoff = min(cutoff, bound)
         return cutoff
@@ -903,65 +864,6 @@ class SourceHandle:
         ``paused``, the offset of each split's first row at a time ``>= e``."""
         return self._reader.positions()
 
-    def snapshot_positions(self) -> dict[str, int]:
-        """The positions a snapshot records: those at the cut once ``crossed`` (``cut_at``),
-        else ``positions()`` (paused at the snapshot's epoch, or ended)."""
-        r = self._reader
-        with r.lock:
-            return dict(r.cut_positions) if r.cut_positions is not None else r.positions()
-
-    @property
-    def passes_cut(self) -> bool:
-        """``cut_at`` is available now: the source's splits are fixed (not a directory's
-        files) and no re-split hands them over."""
-        r = self._reader
-        return r.passes_cut and r.moves is None
-
-    def cut_at(self, epoch: int) -> None:
-        """An aligned checkpoint's cut at ``epoch`` (``tokenflow.control``): lift the control
-        plane's pause, emit everything before ``epoch``, record the positions as the source
-        crosses it (``snapshot_positions``) and read on past it as ``read_ahead`` allows (at
-        first not at all).  ``release_hold`` forgets the cut.
-
-        Raises:
-            ValueError: ``epoch`` is not a multiple of the granularity, rows at or after it
-                were already emitted, or the source does not ``passes_cut``.
-        """
-        r = self._reader
-        if not self.passes_cut:
-            raise ValueError(f"{r.name}: its splits change while it runs: it cannot record its "
-                             "positions at a cut and read on; hold it at the epoch instead")
-        with r.lock:
-            self._check_pause(epoch)
-            r.cut, r.cut_positions, r.cut_ahead = epoch, None, 0
-            self._set_pause(own=False, epoch=None)
-        r.activate()
-
-    def read_ahead(self, allowed: bool) -> None:
-        """Past a cut (``cut_at``): let the source read on, up to ``CUT_READ_AHEAD`` epochs
-        past it (``allowed``, while its worker has nothing else to run), or stop it at the cut
-        for now."""
-        r = self._reader
-        ahead = CUT_READ_AHEAD if allowed else 0
-        with r.lock:
-            more = ahead > r.cut_ahead
-            r.cut_ahead = ahead
-        if more:
-            r.activate()
-
-    @property
-    def crossed(self) -> bool:
-        """A cut is marked (``cut_at``) and everything before it is emitted: the source has
-        crossed it (its positions there are recorded), ended, or stands paused at or before
-        it (a pause the job set), where its positions are those at the cut."""
-        r = self._reader
-        with r.lock:
-            if r.cut is None:
-                return False
-            pause = r.pause
-            return r.cut_positions is not None or r.finished or (
-                r.paused and pause is not None and pause <= r.cut)
-
     @property
     def epochs(self) -> dict[int, dict[str, tuple[int, int]]]:
         """Per logical time read (the last ``history`` of them), per split key, the offsets
@@ -990,32 +892,21 @@ class SourceHandle:
     def _pause(self, own: bool, epoch: int | None) -> None:
         """Set (``epoch``) or lift (None) the job's pause (``own``) or the control plane's."""
         r = self._reader
-        with r.lock:
-            if epoch is not None:
-                self._check_pause(epoch)
-            self._set_pause(own, epoch)
-        r.activate()
-
-    def _check_pause(self, epoch: int) -> None:
-        """Raise ValueError unless the source can stop (or cut) at ``epoch``."""
-        r = self._reader
-        if epoch % r.granularity:
+        if epoch is not None and epoch % r.granularity:
             raise ValueError(f"{r.name}: pause epoch {epoch} is not a multiple of "
                              f"granularity={r.granularity}")
-        if r.max_emitted is not None and r.max_emitted >= epoch:
-            raise ValueError(f"{r.name}: cannot pause at {epoch}: rows at time "
-                             f"{r.max_emitted} were already emitted")
-
-    def _set_pause(self, own: bool, epoch: int | None) -> None:
-        """Under the reader's lock: set or lift one of the two pauses."""
-        r = self._reader
-        before = r.pause
-        if own:
-            r.own_pause = epoch
-        else:
-            r.held = epoch
-        if r.pause != before:  # the pause in effect moved: paused again once there
-            r.paused = r.finished and r.pause is not None
+        with r.lock:
+            if epoch is not None and r.max_emitted is not None and r.max_emitted >= epoch:
+                raise ValueError(f"{r.name}: cannot pause at {epoch}: rows at time "
+                                 f"{r.max_emitted} were already emitted")
+            before = r.pause
+            if own:
+                r.own_pause = epoch
+            else:
+                r.held = epoch
+            if r.pause != before:  # the pause in effect moved: paused again once there
+                r.paused = r.finished and r.pause is not None
+        r.activate()
 
     def limit(self, epoch: int | None) -> None:
         """Flow control: emit nothing at or after ``epoch`` for now (None: no limit); unlike
@@ -1033,12 +924,7 @@ class SourceHandle:
         self._pause(own=True, epoch=None)
 
     def release_hold(self) -> None:
-        """Lift the control plane's pause (``hold_at``) and forget its cut (``cut_at``); a
-        pause the job set stays."""
-        r = self._reader
-        with r.lock:
-            r.cut = r.cut_positions = None
-            r.cut_ahead = 0
+        """Lift the control plane's pause (``hold_at``); a pause the job set stays."""
         self._pause(own=False, epoch=None)
 
     @property
@@ -1177,7 +1063,6 @@ def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
     """Add ``reader``'s operator to ``scope`` and register its handle with the worker (see
     ``source_key``); returns its streams (one per output)."""
     builder = OperatorBuilder(reader.name, scope, notify=False)
-    builder.core.regenerated = True  # read again from its positions after a restore
     ports = [builder.new_output() for _ in reader.outputs]
     reader.activate = builder.activator()
     worker_metrics = getattr(scope.worker, "metrics", None)

@@ -294,14 +294,10 @@ class OperatorOutput:
             self.produced.update(time, n)
             traffic = self._traffic
             if traffic is not None and traffic.barrier is not None and traffic.holds(time) \
-                    and (self.tee.replayable or self._op.regenerated):
+                    and self.tee.replayable:
                 sent = traffic.sent  # an aligned checkpoint's channel state, maybe
                 self.tee.push((time, batch))
-                if self._op.regenerated:  # counted across the cut, not stored
-                    traffic.cross(self._op.path, self.port, (time, None), traffic.sent - sent,
-                                  store=False)
-                else:
-                    traffic.cross(self._op.path, self.port, (time, batch), traffic.sent - sent)
+                traffic.cross(self._op.path, self.port, (time, batch), traffic.sent - sent)
             else:
                 self.tee.push((time, batch))
 
@@ -371,10 +367,6 @@ class OperatorCore:
         self.restored: list[tuple[int, Any]] = []
         """Messages this operator sent across the cut of the snapshot its worker restores
         (``tokenflow.dataflow.channel_state``): pushed again at its first scheduling."""
-        self.regenerated = False
-        """A replayable source (``tokenflow.io.sources``): what it sends at or after an aligned
-        checkpoint's epoch before its worker's capture is read again, from its positions at
-        the epoch, by a job restored from the checkpoint, so it is not channel state."""
 
     def wake(self) -> None:
         """A token of this operator changed: outside an invocation, schedule the operator so
