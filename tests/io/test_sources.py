@@ -408,13 +408,13 @@ NexmarkResult = tuple[dict[str, Capture], dict[str, int]]
 
 
 def nexmark_job(positions: dict[str, int] | None = None, start: int | None = None,
-                pause_at: int | None = None) -> Callable[[Worker], NexmarkResult]:
+                pause_at: int | None = None, extra: bool = True) -> Callable[[Worker], NexmarkResult]:
     def job(worker: Worker) -> NexmarkResult:
         def build(scope: Any) -> tuple[dict[str, Capture], SourceHandle]:
             streams, handle = nexmark_streams(scope, EVENTS, CONFIG, splits=6, block=700,
                                               granularity=NEXMARK_GRANULARITY,
                                               positions=positions, start=start,
-                                              pause_at=pause_at, max_rows=500)
+                                              pause_at=pause_at, max_rows=500, extra=extra)
             return {kind: capture(s) for kind, s in streams.items()}, handle
 
         caps, handle = worker.dataflow(build)
@@ -451,19 +451,23 @@ def sorted_frame(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.sort_values(list(frame.columns), kind="stable").reset_index(drop=True)
 
 
+@pytest.mark.parametrize("extra", [True, False])
 def test_nexmark_streams_equal_the_generator_each_event_generated_once(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, extra: bool) -> None:
+    """Also without the ``extra`` padding (a query that does not read it): the same events
+    less that column."""
     generated: list[int] = []
     real_generate = sources_module.generate
 
-    def counting(first: int, count: int, config: Any = None) -> Any:
+    def counting(first: int, count: int, config: Any = None, **options: Any) -> Any:
         generated.append(count)
-        return real_generate(first, count, config)
+        return real_generate(first, count, config, **options)
 
     monkeypatch.setattr(sources_module, "generate", counting)
-    results = execute(nexmark_job(), workers=2, runtime="thread")
+    results = execute(nexmark_job(extra=extra), workers=2, runtime="thread")
     assert sum(generated) == EVENTS
-    expected = generate(0, EVENTS, CONFIG)
+    expected = generate(0, EVENTS, CONFIG, extra=extra)
+    assert all(("extra" in expected[kind].schema.names) == extra for kind in KINDS)
     got = nexmark_frames(results)
     for kind in KINDS:
         assert_frame_equal(got[kind], sorted_frame(expected[kind].to_pandas()))

@@ -36,7 +36,7 @@ from tokenflow.nexmark import (
     worker_blocks,
     write_parquet,
 )
-from tokenflow.nexmark.generator import next_string_stepwise, string_characters
+from tokenflow.nexmark.generator import next_string_stepwise, schema, string_characters
 from tokenflow.nexmark.javarandom import LaneRandom
 
 pytestmark = pytest.mark.timeout(120)
@@ -483,6 +483,21 @@ def test_generate_is_chunk_independent_and_handles_empty() -> None:
     assert all(b.num_rows == 0 and b.schema == SCHEMAS[k] for k, b in empty.items())
     with pytest.raises(ValueError):
         generate(-1, 5)
+
+
+@pytest.mark.parametrize(("first", "count"), [(0, 500), (60_000, 140_000), (7, 0)])
+def test_events_without_the_padding_are_the_same_events_less_that_column(first: int,
+                                                                         count: int) -> None:
+    """``extra=False`` (a query that does not read the padding): every kind's batch is the full
+    batch without ``extra``, value for value (the padding is each event's last draw), across
+    internal chunks and for no events."""
+    full, bare = generate(first, count), generate(first, count, extra=False)
+    for kind in ("person", "auction", "bid"):
+        assert "extra" in full[kind].schema.names and "extra" not in bare[kind].schema.names
+        assert bare[kind].schema == schema(kind, extra=False)
+        expected = full[kind].drop_columns(["extra"])
+        assert bare[kind].equals(expected), kind
+        bare[kind].validate(full=True)
 
 
 def test_config_validation() -> None:

@@ -317,19 +317,22 @@ class NexmarkSplit(MultiSplit):
     position, so the three streams of ``nexmark_streams`` come from a single generation (rather
     than three sources each generating everything and keeping one kind).  ``read`` gives the
     positions alone, without generating the events: columns ``event`` (event number),
-    ``kind`` (0 person, 1 auction, 2 bid) and ``dateTime`` (ms).
+    ``kind`` (0 person, 1 auction, 2 bid) and ``dateTime`` (ms).  ``extra`` False: the events
+    without their ``extra`` padding (``generate(extra=False)``: the same other values; a query
+    that does not read it is spared about half of the generation), positions unchanged.
     """
 
     outputs = KINDS
 
     def __init__(self, index: int, splits: int, events: int, block: int,
-                 config: GeneratorConfig | None = None) -> None:
+                 config: GeneratorConfig | None = None, extra: bool = True) -> None:
         if not 0 <= index < splits:
             raise ValueError(f"split index {index} not in [0, {splits})")
         if block < 1 or events < 0:
             raise ValueError(f"block must be >= 1 and events >= 0, got {block}, {events}")
         self.index, self.splits, self.events, self.block = index, splits, events, block
         self.config = config or GeneratorConfig()
+        self.extra = extra
         width = len(str(splits - 1))
         self.key = f"nexmark-b{block}/{index:0{width}d}-of-{splits}"
 
@@ -368,21 +371,22 @@ class NexmarkSplit(MultiSplit):
         first, count = run
         n = np.arange(first, first + count, dtype=np.int64)
         kinds = event_kinds(n, self.config)
-        data = generate(first, count, self.config)
+        data = generate(first, count, self.config, extra=self.extra)
         batches = {kind: (data[kind], np.flatnonzero(kinds == i)) for i, kind in enumerate(KINDS)}
         return Parts(np.asarray(self.config.timestamp(n), dtype=np.int64), batches)
 
 
 def nexmark_splits(events: int, config: GeneratorConfig | None = None, splits: int = 16,
-                   block: int = 5000) -> list[NexmarkSplit]:
-    """The ``splits`` splits of NEXMark events ``[0, events)`` (see ``NexmarkSplit``).
+                   block: int = 5000, extra: bool = True) -> list[NexmarkSplit]:
+    """The ``splits`` splits of NEXMark events ``[0, events)`` (see ``NexmarkSplit``; ``extra``
+    False: without the ``extra`` padding).
 
     Raises:
         ValueError: ``splits < 1``, ``block < 1`` or ``events < 0``.
     """
     if splits < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
-    return [NexmarkSplit(k, splits, events, block, config) for k in range(splits)]
+    return [NexmarkSplit(k, splits, events, block, config, extra) for k in range(splits)]
 
 
 # -- the source operator ---------------------------------------------------------------------
@@ -1189,13 +1193,14 @@ def nexmark_streams(scope: Any, events: int, config: GeneratorConfig | None = No
                     splits: int = 16, block: int = 5000, granularity: int = 1,
                     positions: Mapping[str, int] | None = None, start: int | None = None,
                     pause_at: int | None = None, max_rows: int = 65536,
-                    on_epoch: OnEpoch | None = None,
-                    name: str = "Nexmark") -> tuple[dict[str, Any], SourceHandle]:
+                    on_epoch: OnEpoch | None = None, name: str = "Nexmark",
+                    extra: bool = True) -> tuple[dict[str, Any], SourceHandle]:
     """The NEXMark events ``[0, events)`` as three streams ``{"person", "auction", "bid"}``,
-    replayable: ``replayable_streams`` over ``nexmark_splits(events, config, splits, block)``
-    (each event generated once, see ``NexmarkSplit``); logical times are ``dateTime`` (ms)
-    floored to ``granularity``."""
-    parts = nexmark_splits(events, config, splits, block)
+    replayable: ``replayable_streams`` over ``nexmark_splits(events, config, splits, block,
+    extra)`` (each event generated once, see ``NexmarkSplit``; ``extra`` False: without the
+    ``extra`` padding column); logical times are ``dateTime`` (ms) floored to
+    ``granularity``."""
+    parts = nexmark_splits(events, config, splits, block, extra)
     return replayable_streams(scope, name, parts, "dateTime", granularity, positions, start,
                               pause_at, max_rows, on_epoch)
 

@@ -359,6 +359,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         from tokenflow.io.parquet import to_parquet
         from tokenflow.io.sources import nexmark_streams, replayable_source, table_splits
         from tokenflow.nexmark.queries import load as load_query
+        from tokenflow.nexmark.queries import reads_extra
         from tokenflow.spark.io import collect
 
         cpu = time.process_time()
@@ -372,9 +373,10 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
             scaling = Elastic(initial=initial, measure=measure)
 
         def build(scope: Any) -> Any:
-            if source is None:
+            if source is None:  # without the ``extra`` padding unless the query reads it
                 streams, handle = nexmark_streams(scope, events, config, splits=SPLITS,
-                                                  granularity=granularity_ms)
+                                                  granularity=granularity_ms,
+                                                  extra=reads_extra(query))
                 handles = [handle]
             else:  # every worker reads the files and takes its splits of each kind
                 tables = read_events(source)

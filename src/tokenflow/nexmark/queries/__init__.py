@@ -19,6 +19,10 @@ Module interface (every ``qN.py``):
     One Spark SQL query over the temp views ``person``, ``auction`` and ``bid`` (the same
     events, read from Parquet) producing the same columns: the independent engine the dataflow
     result is checked against.
+``READS_EXTRA: bool`` (optional, default False)
+    Whether ``build`` reads any kind's ``extra`` padding.  Without it ``run_query`` generates
+    the events without that column (``generate(extra=False)``: every other value the same, about
+    half of the generator's work saved), and the streams' schemas lack it.
 ``compare(dataflow: pd.DataFrame, spark: pd.DataFrame) -> None`` (optional)
     Raises ``AssertionError`` when the two results disagree; the default is
     ``compare_exact``: exact equality of the row multisets.
@@ -41,6 +45,11 @@ import pandas as pd
 
 QUERIES: tuple[str, ...] = ("q0", "q1", "q2", "q3", "q4", "q5", "q7", "q8")
 """The implemented queries, in order."""
+
+
+def reads_extra(query: ModuleType) -> bool:
+    """The query module's ``READS_EXTRA`` (False when it does not say)."""
+    return bool(getattr(query, "READS_EXTRA", False))
 
 
 def load(name: str) -> ModuleType:
@@ -110,4 +119,4 @@ def compare(name: str, dataflow: pd.DataFrame, spark: pd.DataFrame) -> None:
         check(dataflow, spark)
 
 
-__all__ = ["QUERIES", "compare", "compare_exact", "load"]
+__all__ = ["QUERIES", "compare", "compare_exact", "load", "reads_extra"]

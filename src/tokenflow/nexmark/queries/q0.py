@@ -21,6 +21,8 @@ COLUMNS: list[str] = ["auction", "bidder", "price", "dateTime", "extra"]
 SCHEMA: pa.Schema = pa.schema([BID_SCHEMA.field(c) for c in COLUMNS])
 
 SPARK_SQL = "SELECT auction, bidder, price, dateTime, extra FROM bid"
+READS_EXTRA = True
+"""Q0 passes ``extra`` through: its events are generated with the padding."""
 
 
 def build(streams: dict[str, Stream], config: GeneratorConfig) -> Stream:
