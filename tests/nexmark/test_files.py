@@ -103,6 +103,23 @@ def test_missing_column_names_it(events_dir: Path, tmp_path: Path) -> None:
         read_events(root)
 
 
+def test_without_the_padding_it_is_neither_read_nor_needed(events_dir: Path,
+                                                             tmp_path: Path) -> None:
+    """``extra=False`` (a query that does not read it): every kind is the full table less
+    ``extra``, and files without that column are read; with the padding asked for, such a
+    file is refused naming the column."""
+    full, bare = read_events(events_dir), read_events(events_dir, extra=False)
+    for kind in ("person", "auction", "bid"):
+        assert "extra" not in bare[kind].column_names
+        assert bare[kind].equals(full[kind].drop_columns(["extra"]))
+    root = _copy(events_dir, tmp_path)
+    path = root / "bid" / "part-0.parquet"
+    pq.write_table(pq.read_table(path).drop_columns(["extra"]), path)
+    assert read_kind(root, "bid", extra=False).equals(bare["bid"])
+    with pytest.raises(InputError, match=r"events/bid/part-0.parquet': no column 'extra'"):
+        read_kind(root, "bid")
+
+
 def _replace_column(path: Path, name: str, make: Callable[[list[Any]], pa.Array]) -> None:
     """Rewrite the Parquet file at ``path`` with column ``name`` replaced by ``make(values)``."""
     table = pq.read_table(path)

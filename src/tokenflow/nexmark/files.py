@@ -38,6 +38,7 @@ import pyarrow.dataset as ds
 
 from tokenflow.io.times import INT64_MAX, InputError, Locate, epoch_ms, first_null, first_true
 from tokenflow.nexmark.generator import KINDS, SCHEMAS
+from tokenflow.nexmark.generator import schema as kind_schema
 
 TIME_COLUMNS = frozenset({"dateTime", "expires"})
 """Columns holding event times: ms since the Unix epoch after ``epoch_ms``."""
@@ -73,9 +74,10 @@ def _is_string(kind: pa.DataType) -> bool:
             or getattr(pa.types, "is_string_view", lambda _: False)(kind))
 
 
-def _check_types(file: str, kind: str, schema: pa.Schema) -> None:
-    """Refuse a missing column or a type ``_convert`` cannot turn into ``SCHEMAS[kind]``'s."""
-    for field in SCHEMAS[kind]:
+def _check_types(file: str, kind: str, schema: pa.Schema, wanted: pa.Schema | None = None) -> None:
+    """Refuse a missing column or a type ``_convert`` cannot turn into ``SCHEMAS[kind]``'s (or
+    ``wanted``'s, the columns read)."""
+    for field in SCHEMAS[kind] if wanted is None else wanted:
         if field.name not in schema.names:
             raise InputError(f"{file!r}: no column {field.name!r} (columns: {schema.names})")
         found = schema.field(field.name).type
@@ -92,10 +94,10 @@ def _check_types(file: str, kind: str, schema: pa.Schema) -> None:
             raise InputError(f"{file!r}: column {field.name!r} has type {found}, expected {expected}")
 
 
-def _convert(table: pa.Table, file: str, kind: str) -> pa.Table:
-    """``table`` (one file's rows, its own column types) as ``SCHEMAS[kind]``, checked (see the
-    module docstring)."""
-    schema = SCHEMAS[kind]
+def _convert(table: pa.Table, file: str, kind: str, schema: pa.Schema | None = None) -> pa.Table:
+    """``table`` (one file's rows, its own column types) as ``SCHEMAS[kind]`` (or ``schema``, the
+    columns read), checked (see the module docstring)."""
+    schema = SCHEMAS[kind] if schema is None else schema
 
     def locate(column: str) -> Locate:
         return lambda i: f"{file!r}, column {column!r}, row {i}"
@@ -146,11 +148,12 @@ def _convert(table: pa.Table, file: str, kind: str) -> pa.Table:
 
 
 
-def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
+def read_kind(directory: str | os.PathLike[str], kind: str, extra: bool = True) -> pa.Table:
     """``directory/kind`` as a table with ``SCHEMAS[kind]`` (columns in that order; times in ms
     since the Unix epoch, ids and prices int64, strings utf8; see the module docstring for the
     conversions and checks), sorted by ``dateTime`` (stable: files in path order, rows in file
-    order).
+    order).  ``extra`` False: without the ``extra`` padding, which is then not read (a file
+    need not have it; ``generator.schema(kind, False)``).
 
     Raises:
         InputError: the path does not exist or is not readable Parquet (naming the dataset or
@@ -167,7 +170,7 @@ def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
         fragments = list(ds.dataset(path, format="parquet").get_fragments())
     except (OSError, pa.ArrowException) as exc:
         raise InputError(f"cannot read Parquet dataset {path!r}: {_reason(exc)}") from exc
-    schema = SCHEMAS[kind]
+    schema = kind_schema(kind, extra)
     tables = []
     for fragment in fragments:
         file = fragment.path
@@ -176,13 +179,13 @@ def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read Parquet dataset {path!r}: file {file!r}: "
                              f"{_reason(exc)}") from exc
-        _check_types(file, kind, physical)
+        _check_types(file, kind, physical, schema)
         try:
             raw = fragment.to_table(schema=physical, columns=schema.names)
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read Parquet dataset {path!r}: file {file!r}: "
                              f"{_reason(exc)}") from exc
-        tables.append(_convert(raw, file, kind))
+        tables.append(_convert(raw, file, kind, schema))
     if not tables:
         return schema.empty_table()
     table = pa.concat_tables(tables) if len(tables) > 1 else tables[0]
@@ -192,13 +195,14 @@ def read_kind(directory: str | os.PathLike[str], kind: str) -> pa.Table:
     return table.combine_chunks()
 
 
-def read_events(directory: str | os.PathLike[str]) -> dict[str, pa.Table]:
-    """``{"person", "auction", "bid"}`` tables from ``directory`` (see ``read_kind``).
+def read_events(directory: str | os.PathLike[str], extra: bool = True) -> dict[str, pa.Table]:
+    """``{"person", "auction", "bid"}`` tables from ``directory`` (see ``read_kind``; ``extra``
+    False: without the padding column, not read).
 
     Raises:
         InputError: see ``read_kind``.
     """
-    return {kind: read_kind(directory, kind) for kind in KINDS}
+    return {kind: read_kind(directory, kind, extra) for kind in KINDS}
 
 
 __all__ = ["MAX_TIME_MS", "NON_NEGATIVE", "REQUIRED", "TIME_COLUMNS", "read_events", "read_kind"]

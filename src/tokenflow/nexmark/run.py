@@ -37,7 +37,7 @@ import pandas as pd
 import pyarrow as pa
 
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, write_parquet
-from tokenflow.nexmark.queries import load
+from tokenflow.nexmark.queries import load, reads_extra
 from tokenflow.rescale.megaphone import DataEndedError
 
 SPLITS = 16
@@ -338,7 +338,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
     source = None
     if input is not None:
         source = os.path.abspath(os.fspath(input))
-        tables = read_events(source)
+        tables = read_events(source, extra=reads_extra(module))
         events = sum(t.num_rows for t in tables.values())
         plan = file_plan(tables, granularity_ms)
         del tables
@@ -359,7 +359,6 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
         from tokenflow.io.parquet import to_parquet
         from tokenflow.io.sources import nexmark_streams, replayable_source, table_splits
         from tokenflow.nexmark.queries import load as load_query
-        from tokenflow.nexmark.queries import reads_extra
         from tokenflow.spark.io import collect
 
         cpu = time.process_time()
@@ -379,7 +378,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                                                   extra=reads_extra(query))
                 handles = [handle]
             else:  # every worker reads the files and takes its splits of each kind
-                tables = read_events(source)
+                tables = read_events(source, extra=reads_extra(query))
                 streams, handles = {}, []
                 for kind in KINDS:
                     streams[kind], handle = replayable_source(
