@@ -207,11 +207,11 @@ def test_query_bad_input_found_by_a_worker_exits_2(tmp_path: Path,
     calls: list[object] = []
     message = "'/x/bid/part-00000.parquet', column 'price', row 3: null (value None)"
 
-    def read_events(directory: Any) -> Any:
+    def read_events(directory: Any, **options: Any) -> Any:
         calls.append(directory)
         if len(calls) > 1:  # the workers' reads
             raise InputError(message)
-        return real(directory)
+        return real(directory, **options)
 
     monkeypatch.setattr(files, "read_events", read_events)
     code, out, err = invoke("nexmark", "query", "--query", "q1", "--input", str(tmp_path),
