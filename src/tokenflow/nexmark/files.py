@@ -37,7 +37,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from tokenflow.io.times import INT64_MAX, InputError, Locate, epoch_ms, first_null, first_true
-from tokenflow.nexmark.generator import KINDS, SCHEMAS
+from tokenflow.nexmark.generator import KINDS
 from tokenflow.nexmark.generator import schema as kind_schema
 
 TIME_COLUMNS = frozenset({"dateTime", "expires"})
@@ -74,10 +74,10 @@ def _is_string(kind: pa.DataType) -> bool:
             or getattr(pa.types, "is_string_view", lambda _: False)(kind))
 
 
-def _check_types(file: str, kind: str, schema: pa.Schema, wanted: pa.Schema | None = None) -> None:
-    """Refuse a missing column or a type ``_convert`` cannot turn into ``SCHEMAS[kind]``'s (or
-    ``wanted``'s, the columns read)."""
-    for field in SCHEMAS[kind] if wanted is None else wanted:
+def _check_types(file: str, schema: pa.Schema, wanted: pa.Schema) -> None:
+    """Refuse a missing column or a type ``_convert`` cannot turn into ``wanted``'s (the columns
+    read: ``SCHEMAS[kind]``, less the padding when it is not read)."""
+    for field in wanted:
         if field.name not in schema.names:
             raise InputError(f"{file!r}: no column {field.name!r} (columns: {schema.names})")
         found = schema.field(field.name).type
@@ -94,10 +94,9 @@ def _check_types(file: str, kind: str, schema: pa.Schema, wanted: pa.Schema | No
             raise InputError(f"{file!r}: column {field.name!r} has type {found}, expected {expected}")
 
 
-def _convert(table: pa.Table, file: str, kind: str, schema: pa.Schema | None = None) -> pa.Table:
-    """``table`` (one file's rows, its own column types) as ``SCHEMAS[kind]`` (or ``schema``, the
-    columns read), checked (see the module docstring)."""
-    schema = SCHEMAS[kind] if schema is None else schema
+def _convert(table: pa.Table, file: str, kind: str, schema: pa.Schema) -> pa.Table:
+    """``table`` (one file's rows, its own column types) as ``schema`` (the columns read of
+    ``kind``), checked (see the module docstring)."""
 
     def locate(column: str) -> Locate:
         return lambda i: f"{file!r}, column {column!r}, row {i}"
@@ -179,7 +178,7 @@ def read_kind(directory: str | os.PathLike[str], kind: str, extra: bool = True) 
         except (OSError, pa.ArrowException) as exc:
             raise InputError(f"cannot read Parquet dataset {path!r}: file {file!r}: "
                              f"{_reason(exc)}") from exc
-        _check_types(file, kind, physical, schema)
+        _check_types(file, physical, schema)
         try:
             raw = fragment.to_table(schema=physical, columns=schema.names)
         except (OSError, pa.ArrowException) as exc:
