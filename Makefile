@@ -18,8 +18,11 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/tokenflow demo --workers 2 --events 1000000 --output out/demo
 
+# Test files run on TEST_WORKERS pytest-xdist processes: most tests wait on sockets, worker
+# start-up or Spark far more than they compute (the suite took 20 min on one process, 12 on two).
+TEST_WORKERS ?= 2
 test: $(STAMP)
-	$(BIN)/python -m pytest -q -p no:cacheprovider tests
+	$(BIN)/python -m pytest -q -p no:cacheprovider -n $(TEST_WORKERS) tests
 
 bench: $(STAMP)
 	$(BIN)/pip install -q -e ".[dev,bench]"
