@@ -292,7 +292,7 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
 
         worker.on_step.append(watch)
         origin = float(int(time.time() + 1.5)) if rate is not None else 0.0
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.thread_time()
         late: list[float] = []  # open loop: how long after its due time each epoch went out
         for epoch in range(epochs):
             if paced and epoch:
@@ -309,11 +309,11 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
             worker.step_while(lambda: probe.less_than(inp.time - (in_flight - 1)))
         inp.close()
         worker.step_while(lambda: not probe.done())
-        seconds = time.perf_counter() - start
+        seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
         latencies = [d - s for s, d in zip(sent_at, done_at, strict=True)]
         if rate is not None:
             latencies = [lat + lag for lat, lag in zip(latencies, late, strict=True)]
-        return {"seconds": seconds, "latencies": latencies[1:] if paced else latencies,
+        return {"seconds": seconds, "cpu": cpu, "latencies": latencies[1:] if paced else latencies,
                 "records": records_of(seen), "origin": origin}
 
     return job
@@ -386,6 +386,8 @@ def child(args: argparse.Namespace) -> None:
             print(json.dumps({"variant": variant, "runtime": args.runtime, "epochs": epochs,
                               "words": words, "seconds": results[0]["seconds"],
                               "job_seconds": job_seconds, "latencies": results[0]["latencies"],
+                              "cpu": [r["cpu"] for r in results],
+                              "busy": [r["cpu"] / r["seconds"] for r in results],
                               "digest": merged_digest(results), **extra}),
                   flush=True)
     finally:
@@ -548,6 +550,17 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     plt.close(fig)
 
 
+def cpu_cells(run: dict[str, Any], words: int, baseline_rate: float | None) -> str:
+    """The *worker CPU* and *bound* cells of a run: the workers' mean thread CPU time per
+    epoch (and the share of the timed loop's wall time it is), and the ratio to the baseline
+    that workers as busy as that would reach if they never waited (words per epoch over CPU
+    time per epoch, against the baseline's words/s)."""
+    per_epoch = sum(run["cpu"]) / len(run["cpu"]) / run["epochs"]
+    busy = sum(run["busy"]) / len(run["busy"])
+    bound = "" if baseline_rate is None else f"{words / per_epoch / baseline_rate:.2f}"
+    return f" {per_epoch * 1e3:.2f} ({busy:.0%}) | {bound} |"
+
+
 def small_row(run: dict[str, Any], plain: dict[str, Any], args: argparse.Namespace) -> str:
     """The table row of the small-epochs variant: its maximum rate (``SMALL_IN_FLIGHT`` in
     flight) against the plain loop over the same epochs, and the open-loop latency at half of
@@ -559,7 +572,7 @@ def small_row(run: dict[str, Any], plain: dict[str, Any], args: argparse.Namespa
             f"latency open loop at {run['max_rate'] / 2:,.0f} epochs/s (half) | {run['runtime']} | "
             f"{run['tree']} | {rate:,.0f} | {rate / plain_rate:.2f} | plain loop | "
             f"{run['job_seconds']:.2f} | {percentile(lat, 50) * 1e3:.2f} | "
-            f"{percentile(lat, 99) * 1e3:.2f} |")
+            f"{percentile(lat, 99) * 1e3:.2f} |" + cpu_cells(run, args.small_words, None))
 
 
 def main() -> None:
@@ -644,14 +657,15 @@ def main() -> None:
          "rate": kernel_rate, "ratio": kernel_rate / plain_rate, "p50": None, "p99": None},
     ]
     table = ["| variant | runtime | tree | words/s (dataflow) | ratio | vs | job s | epoch p50 ms "
-             "| epoch p99 ms |", "|---|---|---|---:|---:|---|---:|---:|---:|",
+             "| epoch p99 ms | worker CPU ms/epoch (busy) | bound |",
+             "|---|---|---|---:|---:|---|---:|---:|---:|---:|---:|",
              f"| plain `Counter` loop + totals | 1 thread | | {plain_rate:,.0f} | 1.00 | itself | "
              f"{plain['seconds']:.2f} | {plain_epoch * 1e3:.1f} | "
-             f"{percentile(plain['latencies'], 99) * 1e3:.1f} |",
+             f"{percentile(plain['latencies'], 99) * 1e3:.1f} | | |",
              f"| Arrow logic (value_counts, group_by, totals) | 1 thread | | {arrow_rate:,.0f} | "
-             f"1.00 | itself | {arrow['seconds']:.2f} | | |",
+             f"1.00 | itself | {arrow['seconds']:.2f} | | | | |",
              f"| bare `value_counts` kernel | 1 thread | | {kernel_rate:,.0f} | 1.00 | itself | "
-             f"{arrow['kernel']:.2f} | | |"]
+             f"{arrow['kernel']:.2f} | | | | |"]
     plot_rows = []
     for (runtime, tree, variant), run in best.items():
         if "small" in variant:
@@ -671,7 +685,9 @@ def main() -> None:
             f"| {shown} | {runtime} | {tree} | {'' if paced else f'{rate:,.0f}'} | "
             f"{'' if paced else f'{ratio:.2f}{extra}'} | {'' if paced else versus} | "
             f"{run['job_seconds']:.2f} | {percentile(lat, 50) * 1e3:.1f} | "
-            f"{percentile(lat, 99) * 1e3:.1f} |")
+            f"{percentile(lat, 99) * 1e3:.1f} |"
+            + cpu_cells(run, args.words, None if paced else
+                        kernel_rate if variant.startswith("arrow") else plain_rate))
         if paced:
             table[-1] += (f" p50 = {percentile(lat, 50) / plain_epoch:.2f}× the plain epoch "
                           f"({percentile(lat, 50) / paced_epoch:.2f}× the plain epoch after "
@@ -706,6 +722,12 @@ def main() -> None:
         "logic in one thread).",
         "- *epoch p50/p99*: worker 0, from just before an epoch's batch is sent until the step "
         "after which its probe passed the epoch; plain loop: the time to count one epoch.",
+        "- *worker CPU*: each worker thread's CPU time (`time.thread_time`) in the timed loop per "
+        "epoch, the mean over the workers, and in brackets its share of the loop's wall time (the "
+        "rest: waiting for data or progress). *bound*: the ratio workers this busy per epoch "
+        "would reach if they never waited, (words per epoch / CPU time per epoch) over the "
+        "baseline's words/s; more epochs in flight can only remove waiting, so a run whose "
+        "ratio is near its bound is limited by the work each worker does per word.",
         "- Every run's output (each epoch's `(word, running count)` records) was checked equal to "
         "the plain loop's.",
         "",
