@@ -292,7 +292,8 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
 
         worker.on_step.append(watch)
         origin = float(int(time.time() + 1.5)) if rate is not None else 0.0
-        start, cpu = time.perf_counter(), time.thread_time()
+        start = time.perf_counter()
+        first, cpu = start, time.thread_time()  # from the first send (after an open loop's wait)
         late: list[float] = []  # open loop: how long after its due time each epoch went out
         for epoch in range(epochs):
             if paced and epoch:
@@ -303,17 +304,21 @@ def make_job(variant: str, epochs: int, words: int, period: float, in_flight: in
                 due = origin + epoch / rate
                 wait_until(worker, due)
                 late.append(max(0.0, time.time() - due))
+            if not sent_at:
+                first, cpu = time.perf_counter(), time.thread_time()
             sent_at.append(time.perf_counter())
             inp.send_batch(batches[epoch])
             inp.advance_to(epoch + 2)
             worker.step_while(lambda: probe.less_than(inp.time - (in_flight - 1)))
         inp.close()
         worker.step_while(lambda: not probe.done())
-        seconds, cpu = time.perf_counter() - start, time.thread_time() - cpu
+        end, cpu = time.perf_counter(), time.thread_time() - cpu
+        seconds, active = end - start, end - first
         latencies = [d - s for s, d in zip(sent_at, done_at, strict=True)]
         if rate is not None:
             latencies = [lat + lag for lat, lag in zip(latencies, late, strict=True)]
-        return {"seconds": seconds, "cpu": cpu, "latencies": latencies[1:] if paced else latencies,
+        return {"seconds": seconds, "cpu": cpu, "active": active,
+                "latencies": latencies[1:] if paced else latencies,
                 "records": records_of(seen), "origin": origin}
 
     return job
@@ -387,7 +392,7 @@ def child(args: argparse.Namespace) -> None:
                               "words": words, "seconds": results[0]["seconds"],
                               "job_seconds": job_seconds, "latencies": results[0]["latencies"],
                               "cpu": [r["cpu"] for r in results],
-                              "busy": [r["cpu"] / r["seconds"] for r in results],
+                              "busy": [r["cpu"] / r["active"] for r in results],
                               "digest": merged_digest(results), **extra}),
                   flush=True)
     finally:
@@ -722,10 +727,11 @@ def main() -> None:
         "logic in one thread).",
         "- *epoch p50/p99*: worker 0, from just before an epoch's batch is sent until the step "
         "after which its probe passed the epoch; plain loop: the time to count one epoch.",
-        "- *worker CPU*: each worker thread's CPU time (`time.thread_time`) in the timed loop per "
-        "epoch, the mean over the workers, and in brackets its share of the loop's wall time (the "
-        "rest: waiting for data or progress). *bound*: the ratio workers this busy per epoch "
-        "would reach if they never waited, (words per epoch / CPU time per epoch) over the "
+        "- *worker CPU*: each worker thread's CPU time (`time.thread_time`) per epoch from its "
+        "first send to the end of the timed loop, the mean over the workers, and in brackets its "
+        "share of that wall time (the rest: waiting for data, progress or the next due "
+        "epoch). *bound*: the ratio workers this busy per epoch would reach if they never "
+        "waited, (words per epoch / CPU time per epoch) over the "
         "baseline's words/s; more epochs in flight can only remove waiting, so a run whose "
         "ratio is near its bound is limited by the work each worker does per word.",
         "- Every run's output (each epoch's `(word, running count)` records) was checked equal to "
