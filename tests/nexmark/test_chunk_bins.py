@@ -94,7 +94,7 @@ def canonical(kind: str, tables: dict[int, pa.Table]) -> dict[int, Any]:
     if kind != "q5-counts":
         return sorted_tables(tables)
     out: dict[int, Any] = {b: [] for b in tables}
-    if isinstance(tables, BinSplit):  # all bins' rows are one table already: no slice a bin
+    if isinstance(tables, BinSplit):  # all bins' rows in one table already: no slice per bin
         rows = tables.table.select(["window_end", "auction", "count"]).append_column(
             "bin", pa.array(np.repeat(tables.bins, tables.rows())))
     else:
