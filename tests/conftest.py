@@ -3,9 +3,9 @@
 * Hypothesis profiles: ``ci`` (the default; >= 500 examples per property) and ``dev``.
 * The ``spark`` marker (``-m "not spark"`` skips the tests that need a SparkSession).
 * ``spark``: one SparkSession (``local[4]``) for the whole test session (per pytest-xdist
-  process: ``make test`` runs two), started on first use (~20 s) and stopped at the end.  ``local[4]`` has four task slots, so the barrier stages of
-  both 2- and 4-worker jobs run on it (``get_session`` hands the running session to any
-  ``local[n]`` request with ``n <= 4``).
+  process: ``make test`` runs two), started on first use (~20 s) and stopped at the end.
+  ``local[4]`` has four task slots, so the barrier stages of both 2- and 4-worker jobs run on
+  it (``get_session`` hands the running session to any ``local[n]`` request with ``n <= 4``).
 """
 
 from __future__ import annotations
