@@ -392,7 +392,7 @@ def child(args: argparse.Namespace) -> None:
                               "words": words, "seconds": results[0]["seconds"],
                               "job_seconds": job_seconds, "latencies": results[0]["latencies"],
                               "cpu": [r["cpu"] for r in results],
-                              "busy": [r["cpu"] / r["active"] for r in results],
+                              "active": [r["active"] for r in results],
                               "digest": merged_digest(results), **extra}),
                   flush=True)
     finally:
@@ -561,7 +561,7 @@ def cpu_cells(run: dict[str, Any], words: int, baseline_rate: float | None) -> s
     that workers as busy as that would reach if they never waited (words per epoch over CPU
     time per epoch, against the baseline's words/s)."""
     per_epoch = sum(run["cpu"]) / len(run["cpu"]) / run["epochs"]
-    busy = sum(run["busy"]) / len(run["busy"])
+    busy = sum(run["cpu"]) / sum(run["active"])
     bound = "" if baseline_rate is None else f"{words / per_epoch / baseline_rate:.2f}"
     return f" {per_epoch * 1e3:.2f} ({busy:.0%}) | {bound} |"
 
