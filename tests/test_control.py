@@ -150,7 +150,9 @@ def test_a_worker_is_parked_only_while_it_waits_with_nothing_to_run() -> None:
             seen.append(worker.parked)
 
     worker = Worker(Watching(ManualFabric(1), 0))
-    worker.step_or_park(0.0)
+    worker.dataflow(lambda scope: scope.new_input()[0])  # running: a worker parks only then
+    while worker.step_or_park(0.0) and not seen:
+        pass  # the dataflow's first steps run its operators
     assert seen == [True] and not worker.parked
     worker.activations.activate((0,))
     worker.step_or_park(0.0)  # something to run: no park

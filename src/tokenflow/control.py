@@ -195,6 +195,7 @@ class QueueHub:
         self.commands: list[queue.Queue[dict[str, Any]]] = [queue.Queue() for _ in range(workers)]
         self.replies: queue.Queue[dict[str, Any]] = queue.Queue()
         self._finished: set[int] = set()
+        self._wake: dict[int, Callable[[], None]] = {}  # worker -> its ``Worker.unpark``
 
     def finish(self, worker: int) -> None:
         """``worker`` returned: it answers no more commands."""
@@ -210,6 +211,9 @@ class QueueHub:
 
     def send(self, worker: int, message: dict[str, Any]) -> None:
         self.commands[worker].put(dict(message))
+        wake = self._wake.get(worker)
+        if wake is not None:
+            wake()  # a parked worker reads the command now, not when its park times out
 
     def receive(self, timeout: float) -> dict[str, Any] | None:
         try:
@@ -217,8 +221,11 @@ class QueueHub:
         except queue.Empty:
             return None
 
-    def link(self, worker: int) -> QueueLink:
-        """The worker's end."""
+    def link(self, worker: int, wake: Callable[[], None] | None = None) -> QueueLink:
+        """The worker's end; ``wake`` (the worker's ``unpark``) is called after each command
+        sent to it."""
+        if wake is not None:
+            self._wake[worker] = wake
         return QueueLink(self.commands[worker], self.replies)
 
 
@@ -613,6 +620,9 @@ class ControlAgent:
             now = time.monotonic()
             if self._relaxed_since is None:
                 self._relaxed_since = now
+                activate_after = getattr(worker, "activate_after", None)
+                if activate_after is not None:  # a parked worker steps when the grace ends
+                    activate_after((), TOKEN_GRACE)
             if now - self._relaxed_since < TOKEN_GRACE:
                 return
         self._relaxed_since = None

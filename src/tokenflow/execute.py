@@ -174,7 +174,7 @@ def execute(fn: Callable[[Worker], R], workers: int = 1, runtime: str = "thread"
             worker.inputs = inputs[i] if i < workers else {}
             spec.apply(worker)
             reporter = attach(worker, report_to)
-            agent = ControlAgent(hub.link(i)) if hub is not None else None
+            agent = ControlAgent(hub.link(i, worker.unpark)) if hub is not None else None
             if agent is not None:
                 worker.on_step.append(agent)
             try:

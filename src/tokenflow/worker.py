@@ -8,6 +8,8 @@ returns whether any dataflow is still running.
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 import weakref
@@ -27,21 +29,54 @@ from tokenflow.state.bins import DEFAULT_BINS, RoutingTable
 
 R = TypeVar("R")
 
+PARK_CAP = 0.1
+"""The longest ``step_or_park`` waits without a timeout of its own, in seconds.  A parked
+worker wakes for a message, for an activation from another thread (``Worker.activate``,
+``Worker.unpark``) and for its next delayed activation (``activate_after``); the cap only
+bounds the wait for a change another thread makes without waking it."""
+
 MEMBERSHIP_CHANNEL = 0xFFFF_FFF0
 """The channel identifier of membership messages between workers (bootstrap state,
 farewells); dataflow channels count up from 0."""
 
 
 class Activations:
-    """Paths of operators that asked to be scheduled."""
+    """Paths of operators that asked to be scheduled, now or after a delay (timely's
+    ``Activations``: ``activate``, ``activate_after``; ``advance`` moves the delayed ones that
+    are due in, ``empty_for`` bounds a park by the next one)."""
 
-    __slots__ = ("_active",)
+    __slots__ = ("_active", "_timers", "_sequence")
 
     def __init__(self) -> None:
         self._active: set[tuple[int, ...]] = set()
+        self._timers: list[tuple[float, int, tuple[int, ...]]] = []  # heap: (due, seq, path)
+        self._sequence = itertools.count()
 
     def activate(self, path: tuple[int, ...]) -> None:
         self._active.add(path)
+
+    def activate_after(self, path: tuple[int, ...], delay: float) -> None:
+        """Activate ``path`` once ``delay`` seconds (``time.monotonic``) have passed; the
+        empty path only ends a park (the worker steps; ``on_step`` hooks run)."""
+        heapq.heappush(self._timers, (time.monotonic() + delay, next(self._sequence), path))
+
+    def advance(self) -> bool:
+        """Activate the delayed paths that are due; True when any was (the worker must step,
+        not park)."""
+        timers = self._timers
+        if not timers or timers[0][0] > time.monotonic():
+            return False
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            path = heapq.heappop(timers)[2]
+            if path:
+                self._active.add(path)
+        return True
+
+    def empty_for(self) -> float | None:
+        """Seconds until the next delayed activation is due (0 when one is), None if none."""
+        timers = self._timers
+        return max(0.0, timers[0][0] - time.monotonic()) if timers else None
 
     def for_extensions(self, path: tuple[int, ...]) -> list[int]:
         """Child indices of ``path`` to schedule; consumes requests for the direct children
@@ -240,6 +275,9 @@ class Worker:
         another thread, e.g. a checkpoint's writer, which works while it is set
         (``tokenflow.control``; ``wait_parked``)."""
         self._parked_event: threading.Event | None = None  # made by the first ``wait_parked``
+        # the thread that parks this worker; None until it first tries: an activation made
+        # before then is seen when it does (``step_or_park`` sets this before it looks)
+        self._stepper: int | None = None
         self.metrics: dict[str, int] = {"records_in": 0}
         """Counters reported to the coordinator (``records_in``: records entering dataflows)."""
 
@@ -342,8 +380,29 @@ class Worker:
         return self.allocator.allocate(identifier)  # type: ignore[no-any-return]
 
     def activate(self, path: tuple[int, ...]) -> None:
-        """Schedule the operator at ``path`` at the next step."""
+        """Schedule the operator at ``path`` at the next step.  Safe from any thread: called
+        from another thread than the one stepping the worker, it also ends the worker's park
+        (``unpark``; timely's ``SyncActivator``), e.g. a source fed by a reader thread."""
         self.activations.activate(path)
+        stepper = self._stepper
+        if stepper is not None and stepper != threading.get_ident():
+            self.unpark()
+
+    def activate_after(self, path: tuple[int, ...], delay: float) -> None:
+        """Schedule the operator at ``path`` once ``delay`` seconds have passed (timely's
+        ``activate_after``): a parked worker wakes for it.  The empty path only makes the
+        worker step (its ``on_step`` hooks run).  Safe from any thread."""
+        self.activations.activate_after(path, delay)
+        stepper = self._stepper
+        if stepper is not None and stepper != threading.get_ident():
+            self.unpark()
+
+    def unpark(self) -> None:
+        """From any thread: end the worker's current or next park at once (its allocator's
+        ``wake``), so that it steps and sees what that thread changed."""
+        wake = getattr(self.allocator, "wake", None)
+        if wake is not None:
+            wake()
 
     def flush(self) -> None:
         """Send what is buffered for other workers now (exchanges of large batches call it
@@ -402,6 +461,7 @@ class Worker:
         if self.left:
             return False
         self.allocator.flush()  # what worker code sent since the last step goes out first
+        self.activations.advance()  # delayed activations now due
         paths = self._channel_paths
         for identifier in self.allocator.receive():
             path = paths.get(identifier)
@@ -606,16 +666,29 @@ class Worker:
                 f"{declared}); restoring would lose it. Did the job's operators change since "
                 f"the snapshot? Restore with the job that wrote it.")
 
-    def step_or_park(self, timeout: float = 0.01) -> bool:
-        """Sleep up to ``timeout`` s if nothing asked to run and no message is waiting, then
-        ``step()`` (timely's order: park first, so a step's effects are seen at once)."""
-        if self.activations.is_empty():
+    def step_or_park(self, timeout: float | None = None) -> bool:
+        """Sleep if a dataflow is running, nothing asked to run and no message is waiting,
+        then ``step()`` (timely's order: park first, so a step's effects are seen at once; and
+        timely's rule: no park without a dataflow, which nothing would wake).
+
+        The park ends when a message arrives, when another thread activates an operator or
+        calls ``unpark``, when the next delayed activation is due (``activate_after``), or
+        after ``timeout`` seconds (default ``PARK_CAP``).  A loop that waits for a wall-clock
+        time, not for the dataflow, uses ``step_until``.
+        """
+        self._stepper = threading.get_ident()
+        activations = self.activations
+        if not activations.advance() and activations.is_empty() and self._dataflows:
+            wait = PARK_CAP if timeout is None else timeout
+            due = activations.empty_for()
+            if due is not None and due < wait:
+                wait = due
             self.parked = True
             event = self._parked_event
             if event is not None:
                 event.set()
             try:
-                self.allocator.park(timeout)
+                self.allocator.park(wait)
             finally:
                 self.parked = False
                 if event is not None:
@@ -647,7 +720,7 @@ class Worker:
         """Step until wall-clock time ``deadline`` (seconds since the Unix epoch, as
         ``time.time()``), parking in between for no longer than the time left: for offering
         input on a schedule (an epoch every ``period`` s) without sending late by up to a
-        park's default 10 ms.
+        park's ``PARK_CAP``.
 
         Raises:
             JobStopped: the control plane stopped the job (its dataflows are gone).
@@ -655,7 +728,7 @@ class Worker:
         while (left := deadline - time.time()) > 0:
             if self.stopped:
                 raise JobStopped(f"worker {self.index}: the job was stopped")
-            self.step_or_park(min(left, 0.01))
+            self.step_or_park(min(left, PARK_CAP))
 
     def step_until_done(self) -> None:
         """Step until every dataflow of this worker has completed."""

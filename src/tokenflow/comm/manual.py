@@ -195,3 +195,6 @@ class ManualAllocator:
 
     def park(self, timeout: float) -> None:
         """Return at once: one thread drives every worker, so blocking would deadlock."""
+
+    def wake(self) -> None:
+        """Nothing to wake: ``park`` never blocks."""

@@ -10,7 +10,8 @@ The worker thread does all the reading and sending itself, on non-blocking socke
 ``receive()`` reads what has arrived on every connection (length checked before a body is
 read, tag verified before anything is decoded) and appends the decoded messages to their
 channels' FIFOs; ``park(timeout)`` waits in ``epoll`` for the first byte from any peer, so a
-message wakes the worker in one hop (no receiver thread to wake first, no GIL to hand over);
+message wakes the worker in one hop (no receiver thread to wake first, no GIL to hand over),
+and another thread's ``wake()`` ends the wait through a socket pair watched there too;
 ``flush()`` seals its buffered messages and sends them in one ``sendmsg`` per peer; what a
 full socket does not take waits in the connection's queue and goes out as the peer reads
 (``poll`` and ``park`` watch for room), so a send never blocks the worker: two workers
@@ -81,6 +82,7 @@ LOG_INTERVAL = 10.0
 _ACCEPT_POLL = 0.5  # seconds: how often the accept loop looks at its log and at close()
 _FRAMES_PER_READ = 256  # frames read from one connection per pass (the rest on the next)
 _LISTENER_GONE = {errno.EBADF, errno.EINVAL, errno.ENOTSOCK}
+_WAKE = object()  # the selector key data of the wake-up socket (``TcpMesh.wake``)
 
 
 class PeerLostError(ConnectionError):
@@ -250,6 +252,11 @@ class TcpMesh:
         self._peers: dict[int, _Peer] = {}  # open connections
         self._watched: list[socket.socket] = []  # end a park when readable, read by their owner
         self._io = threading.RLock()  # one thread reads or writes the sockets at a time
+        # ``wake()``: a byte written to one end ends a ``park`` waiting on the other
+        self._wake_reader, self._wake_writer = socket.socketpair()
+        for end in (self._wake_reader, self._wake_writer):
+            end.setblocking(False)
+        self._selector.register(self._wake_reader, selectors.EVENT_READ, _WAKE)
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -515,6 +522,9 @@ class TcpMesh:
             for key, mask in self._selector.select(timeout):  # (close() takes _io to close it)
                 if key.data is None:  # a watched socket: its owner reads it
                     continue
+                if key.data is _WAKE:
+                    self._drain_wake()
+                    continue
                 if mask & selectors.EVENT_READ:
                     self._read(key.data)
                 if mask & selectors.EVENT_WRITE and key.data.peer in self._peers:
@@ -524,11 +534,29 @@ class TcpMesh:
                         self._forget(key.data.peer)
                         self._fail(exc)
 
+    def wake(self) -> None:
+        """From any thread: end the current or next ``poll``/``park`` wait at once (a worker
+        parked with nothing to do then steps; ``Worker.unpark``).  Cheap and never blocks: a
+        wake-up already pending is enough, so a full socket buffer is not an error."""
+        if self.closing:
+            return
+        try:
+            self._wake_writer.send(b"\0")
+        except (BlockingIOError, OSError):
+            pass  # a wake-up is pending (full buffer), or the mesh is closing
+
+    def _drain_wake(self) -> None:
+        try:
+            while self._wake_reader.recv(4096):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
     def watch(self, sock: socket.socket) -> None:
         """Also end a ``poll``/``park`` wait as soon as ``sock`` is readable, leaving what
         arrived for its owner to read: a worker parked with nothing to do then sees a command
         of the driver's control plane (``tokenflow.control``) at once, not when its park times
-        out (up to 10 ms later, for each command of a checkpoint's rounds).  The owner
+        out (up to ``PARK_CAP`` later, for each command of a checkpoint's rounds).  The owner
         must read ``sock`` on every step, or a park returns at once while data waits; a
         watched socket its owner closes is dropped at the next ``poll``."""
         with self._io:
@@ -721,6 +749,8 @@ class TcpMesh:
         self._closed.set()
         with self._io:
             self._selector.close()
+        for end in (self._wake_reader, self._wake_writer):
+            _close(end)
         for sock in list(self.sockets.values()):
             try:
                 sock.shutdown(socket.SHUT_RDWR)
@@ -871,6 +901,10 @@ class TcpAllocator:
 
     def park(self, timeout: float) -> None:
         self.mesh.park(timeout)
+
+    def wake(self) -> None:
+        """From any thread: end this worker's current or next ``park`` at once."""
+        self.mesh.wake()
 
     def pump(self, timeout: float) -> None:
         """Read what the peers sent (queued for the next ``receive``) and send what waits for

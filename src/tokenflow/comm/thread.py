@@ -28,6 +28,7 @@ class ThreadFabric:
         self.events: list[deque[int]] = [deque() for _ in range(peers)]
         self.conditions = [threading.Condition() for _ in range(peers)]
         self.parked = [False] * peers
+        self.woken = [False] * peers  # ``wake`` called: the next park returns at once
         self.error: tuple[int, BaseException] | None = None
         self._lock = threading.Lock()
 
@@ -47,6 +48,13 @@ class ThreadFabric:
             cond = self.conditions[receiver]
             with cond:
                 cond.notify()
+
+    def wake(self, worker: int) -> None:
+        """From any thread: end ``worker``'s current or next ``park`` at once."""
+        cond = self.conditions[worker]
+        with cond:
+            self.woken[worker] = True
+            cond.notify()
 
     def abort(self, worker: int, error: BaseException) -> None:
         """Record the first failure and wake everyone so they stop."""
@@ -118,15 +126,19 @@ class ThreadAllocator:
         """Nothing is buffered in-process."""
 
     def park(self, timeout: float) -> None:
-        """Sleep until a message arrives or ``timeout`` seconds pass."""
+        """Sleep until a message arrives, ``wake`` is called or ``timeout`` seconds pass."""
         i = self.index
         fabric = self.fabric
         cond = fabric.conditions[i]
         with cond:
             fabric.parked[i] = True  # set before looking, so a concurrent delivery wakes us
             try:
-                if fabric.events[i] or fabric.error is not None:
-                    return
-                cond.wait(timeout)
+                if not (fabric.events[i] or fabric.error is not None or fabric.woken[i]):
+                    cond.wait(timeout)
             finally:
                 fabric.parked[i] = False
+                fabric.woken[i] = False
+
+    def wake(self) -> None:
+        """From any thread: end this worker's current or next ``park`` at once."""
+        self.fabric.wake(self.index)

@@ -118,7 +118,6 @@ from tokenflow.io.sources import (
     _build,
     _Reader,
     _State,
-    _Waker,
     restored,
     source_key,
 )
@@ -221,7 +220,7 @@ class _DirectoryReader(_Reader):
         self.last_round: int | None = None  # ms: the round of the last listing
         self.next_poll = 0.0  # time.monotonic() of the next listing
         self.ending = False
-        self.waker: _Waker | None = None
+        self.wake_at: float | None = None  # the next listing's time, once asked to be woken
         # the input log (files without a time column only): see the module docstring
         self.job_worker = scope.worker
         self.log: Any = None if self.timed else getattr(scope.worker, "input_log", None)
@@ -300,9 +299,9 @@ class _DirectoryReader(_Reader):
                    self.seal_from or 0)
 
     def _idle(self) -> None:
-        if self.waker is None:
-            self.waker = _Waker(self.activate)
-        self.waker.at(self.next_poll)
+        if self.wake_at != self.next_poll:  # once per listing: the worker parks until then
+            self.wake_at = self.next_poll
+            self.activate_after(max(0.0, self.next_poll - clock.monotonic()))
 
     # -- the input log ----------------------------------------------------------------------
 
@@ -396,8 +395,6 @@ class _DirectoryReader(_Reader):
         return out
 
     def _stop(self) -> None:
-        if self.waker is not None:
-            self.waker.close()
         for st in self.states:  # free loaded files
             if isinstance(st.split, FileSplit):
                 st.split._data = None

@@ -43,7 +43,6 @@ from __future__ import annotations
 import heapq
 import os
 import threading
-import time as clock
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -415,53 +414,6 @@ class _State:
         return self.times is not None and self.cursor < len(self.times)
 
 
-class _Waker:
-    """Activates an operator at a deadline from a helper thread (so an idle source waiting
-    for the next poll is not scheduled in a loop); the thread exits when idle for a while."""
-
-    IDLE_EXIT = 2.0
-
-    def __init__(self, activate: Callable[[], None]) -> None:
-        self._activate = activate
-        self._cond = threading.Condition()
-        self._deadline: float | None = None
-        self._thread: threading.Thread | None = None
-        self._closed = False
-
-    def at(self, deadline: float) -> None:
-        """Activate at ``deadline`` (``time.monotonic()`` seconds) or earlier."""
-        with self._cond:
-            if self._closed:
-                return
-            if self._deadline is None or deadline < self._deadline:
-                self._deadline = deadline
-                self._cond.notify()
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="tokenflow-source-waker",
-                                                daemon=True)
-                self._thread.start()
-
-    def close(self) -> None:
-        with self._cond:
-            self._closed = True
-            self._cond.notify()
-
-    def _run(self) -> None:
-        with self._cond:
-            while not self._closed:
-                if self._deadline is None:
-                    if not self._cond.wait(self.IDLE_EXIT) and self._deadline is None:
-                        break
-                    continue
-                delay = self._deadline - clock.monotonic()
-                if delay > 0:
-                    self._cond.wait(delay)
-                    continue
-                self._deadline = None
-                self._activate()
-            self._thread = None
-
-
 class _Reader:
     """The state and logic of one worker's replayable source operator (see the module
     docstring).  Subclasses add splits while running (``_discover``) and bound the times of
@@ -501,6 +453,7 @@ class _Reader:
         self.tokens: list[Any] = []
         self.max_emitted: int | None = None
         self.activate: Callable[[], None] = lambda: None
+        self.activate_after: Callable[[float], None] = lambda delay: None
         self.metrics: dict[str, int] = {}
         self.rows_read = 0  # positions this worker emitted (read) in this run
         self.waiting = False  # on a joined worker: its tokens are uncounted until it is lent some
@@ -1069,6 +1022,7 @@ def _build(scope: Any, reader: _Reader) -> tuple[list[Any], SourceHandle]:
     builder = OperatorBuilder(reader.name, scope, notify=False)
     ports = [builder.new_output() for _ in reader.outputs]
     reader.activate = builder.activator()
+    reader.activate_after = builder.delayed_activator()
     worker_metrics = getattr(scope.worker, "metrics", None)
     if isinstance(worker_metrics, dict):
         reader.metrics = worker_metrics

@@ -39,6 +39,7 @@ import pyarrow as pa
 from tokenflow.nexmark.generator import KINDS, GeneratorConfig, write_parquet
 from tokenflow.nexmark.queries import load, reads_extra
 from tokenflow.rescale.megaphone import DataEndedError
+from tokenflow.worker import PARK_CAP
 
 SPLITS = 16
 """Splits of the NEXMark source (W-independent units of the event stream, see
@@ -424,7 +425,7 @@ def run_query(name: str, events: int, rate: int = 10_000, workers: int = 2, runt
                 done_passing += 1
             if probe.done() or worker.stopped or worker.left:  # done, stopped, or it left
                 break
-            park = 0.01
+            park = PARK_CAP  # progress (a message) wakes the worker before
             if offsets is None:  # closed loop: refilled in halves of ``lag``
                 ahead = closed_loop_limit(done_passing, done_sending, lag)
             else:  # at most ``lag`` of this worker's epochs in flight: sent but not passed

@@ -305,7 +305,7 @@ def migrating_operator(inputs: Sequence[Stream], columns: Sequence[str], name: s
     output, stream = op.new_output()
     activate = op.activator()
     info = MigratingInfo(name, op.index, scope.worker_index, scope.peers, activate, declare,
-                         migration)
+                         op.delayed_activator(), migration)
 
     def after_take() -> None:
         released[0] = True

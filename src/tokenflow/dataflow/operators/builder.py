@@ -583,6 +583,13 @@ class OperatorBuilder:
         path = self.core.path
         return lambda: worker.activate(path)
 
+    def delayed_activator(self) -> Callable[[float], None]:
+        """A function ``(seconds)`` that asks for this operator to be scheduled once that much
+        time has passed (``Worker.activate_after``)."""
+        worker = self.scope.worker
+        path = self.core.path
+        return lambda delay: worker.activate_after(path, delay)
+
 
 def _as_antichain(c: Any) -> Antichain:
     if c is None:

@@ -37,12 +37,16 @@ class OperatorInfo:
     ``tokenflow.dataflow.state.BinnedState``; see ``OperatorBuilder.state``) and returns it,
     loaded with this worker's bins when the job is restored: call it in the constructor,
     then mint tokens for its ``pending_times()``."""
+    activate_after: Callable[[float], None]
+    """``info.activate_after(seconds)``: be scheduled again once that much time has passed,
+    e.g. a source polling an external system; the worker parks meanwhile (timely's
+    ``activate_after``).  ``activate`` and this are safe to call from other threads."""
 
 
 def _info(builder: OperatorBuilder) -> OperatorInfo:
     scope = builder.scope
     return OperatorInfo(builder.name, builder.index, scope.worker_index, scope.peers,
-                        builder.activator(), builder.state)
+                        builder.activator(), builder.state, builder.delayed_activator())
 
 
 def source(
