@@ -1,6 +1,6 @@
 """Idle benchmark: what a worker with nothing to do costs, and how soon it hears another thread.
 
-Writes ``benchmarks/results/idle.md`` (and prints the table).  A streaming job spends most of
+Writes ``benchmarks/results/idle.md`` and ``idle.png`` (and prints the table).  A streaming job spends most of
 its life waiting for input; timely parks such a worker until something wakes it.  Two phases
 per run, 2 workers, each worker's own figures:
 
@@ -152,6 +152,35 @@ def summarize(runs: list[list[dict[str, Any]]]) -> dict[str, float]:
     }
 
 
+def plot(summaries: dict[tuple[str, str], dict[str, float]], path: Path) -> None:
+    """Two panels: idle worker CPU (ms/s) and the tick delay (p50, p99; ms, log scale), a bar
+    per runtime and tree."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels = [f"{runtime}\n{tree}" for runtime, tree in summaries]
+    x = list(range(len(labels)))
+    fig, (cpu, delay) = plt.subplots(1, 2, figsize=(12, 4.5))
+    cpu.bar(x, [s["idle_cpu"] for s in summaries.values()], color="tab:blue")
+    cpu.set(ylabel="ms of worker CPU per second", title="An idle worker's CPU")
+    width = 0.4
+    delay.bar([i - width / 2 for i in x], [s["tick_p50"] for s in summaries.values()], width,
+              label="p50")
+    delay.bar([i + width / 2 for i in x], [s["tick_p99"] for s in summaries.values()], width,
+              label="p99")
+    delay.set(ylabel="ms (log scale)", yscale="log",
+              title="From another thread's info.activate() to the operator's run")
+    delay.legend()
+    for ax in (cpu, delay):
+        ax.set_xticks(x, labels, fontsize=8)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of the idle phase")
@@ -184,14 +213,26 @@ def main() -> None:
               "ticks: delay p50 ms | p99 ms | max ms | ticks: worker CPU, ms/s |\n"
               "|---|---|---:|---:|---:|---:|---:|---:|---:|")
     rows = []
-    for (runtime, tree), rounds in runs.items():
-        s = summarize(rounds)
+    summaries = {key: summarize(rounds) for key, rounds in runs.items()}
+    for (runtime, tree), s in summaries.items():
         rows.append(f"| {runtime} | {tree} | {s['idle_cpu']:.2f} | {s['idle_steps']:.0f} | "
                     f"{s['end_seen']:.2f} | "
                     f"{s['tick_p50']:.3f} | {s['tick_p99']:.3f} | {s['tick_max']:.2f} | "
                     f"{s['tick_cpu']:.2f} |")
     table = header + "\n" + "\n".join(rows)
     print(table)
+    findings = []
+    if args.baseline:
+        for runtime in runtimes:
+            before = summaries[(runtime, trees[0][0])]
+            after = summaries[(runtime, "after")]
+            findings.append(
+                f"* {runtime}: an idle worker uses {after['idle_cpu']:.1f} ms of CPU per second "
+                f"instead of {before['idle_cpu']:.1f} ({before['idle_cpu'] / after['idle_cpu']:.1f}x "
+                f"less; {after['idle_steps']:.0f} steps/s instead of {before['idle_steps']:.0f}); "
+                f"an activation from another thread runs its operator after "
+                f"{after['tick_p50']:.2f} ms (p50; p99 {after['tick_p99']:.2f}) instead of "
+                f"{before['tick_p50']:.2f} (p99 {before['tick_p99']:.2f}).")
     if args.no_write:
         return
     minutes = (time.perf_counter() - started) / 60
@@ -205,10 +246,13 @@ def main() -> None:
         "workers (tick delays pooled per round; max over all). What is measured and how: the "
         "docstring of `benchmarks/idle.py`.",
         table,
+        *(["\n".join(findings)] if findings else []),
+        "![Idle CPU and activation delay](idle.png)",
         f"Regenerate: `.venv/bin/python benchmarks/idle.py --runtimes {args.runtimes}"
         f"{f' --baseline {args.baseline}' if args.baseline else ''} --rounds {args.rounds}`",
     ]) + "\n"
     (RESULTS / "idle.md").write_text(text)
+    plot(summaries, RESULTS / "idle.png")
     print(f"wrote {RESULTS / 'idle.md'}")
 
 
