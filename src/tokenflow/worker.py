@@ -64,9 +64,11 @@ class Activations:
         """Activate the delayed paths that are due; True when any was (the worker must step,
         not park)."""
         timers = self._timers
-        if not timers or timers[0][0] > time.monotonic():
+        if not timers:
             return False
         now = time.monotonic()
+        if timers[0][0] > now:
+            return False
         while timers and timers[0][0] <= now:
             path = heapq.heappop(timers)[2]
             if path:
@@ -384,15 +386,18 @@ class Worker:
         from another thread than the one stepping the worker, it also ends the worker's park
         (``unpark``; timely's ``SyncActivator``), e.g. a source fed by a reader thread."""
         self.activations.activate(path)
-        stepper = self._stepper
-        if stepper is not None and stepper != threading.get_ident():
-            self.unpark()
+        self._unpark_if_elsewhere()
 
     def activate_after(self, path: tuple[int, ...], delay: float) -> None:
         """Schedule the operator at ``path`` once ``delay`` seconds have passed (timely's
         ``activate_after``): a parked worker wakes for it.  The empty path only makes the
         worker step (its ``on_step`` hooks run).  Safe from any thread."""
         self.activations.activate_after(path, delay)
+        self._unpark_if_elsewhere()
+
+    def _unpark_if_elsewhere(self) -> None:
+        """``unpark`` when called from another thread than the one parking this worker (the
+        stepping thread's own activations are seen before it parks)."""
         stepper = self._stepper
         if stepper is not None and stepper != threading.get_ident():
             self.unpark()
