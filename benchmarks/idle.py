@@ -18,7 +18,7 @@ Each tree (this repository's ``src/``, and with ``--baseline REV`` that commit's
 (``--rounds``); the table gives medians over rounds and workers.
 
 Run: ``.venv/bin/python benchmarks/idle.py [--baseline REV] [--runtimes thread,process]``
-(each run about 15 s: 3 rounds of two trees on three runtimes took 4.7 min here).
+(each run 12-16 s: 3 rounds of two trees on three runtimes took 3.5-4.7 min here).
 """
 
 from __future__ import annotations

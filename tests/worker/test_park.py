@@ -125,17 +125,17 @@ def test_activations_from_the_stepping_thread_do_not_wake() -> None:
 
 def test_delayed_activations_come_due_in_order() -> None:
     activations = Activations()
-    activations.activate_after((2,), 0.2)
+    activations.activate_after((2,), 1.0)  # far apart: a loaded machine's late sleep is fine
     activations.activate_after((1,), 0.1)
     activations.activate_after((), 0.0)  # ends a park only
     assert activations.advance() and activations.is_empty()
     bound = activations.empty_for()
     assert bound is not None and 0.0 < bound <= 0.1
-    time.sleep(0.12)
+    time.sleep(0.15)
     assert activations.advance()
     assert activations.for_extensions(()) == [1]
     assert not activations.advance()
-    time.sleep(0.1)
+    time.sleep(0.9)
     assert activations.advance()
     assert activations.for_extensions(()) == [2]
     assert activations.empty_for() is None and not activations.advance()
