@@ -6,9 +6,9 @@ epoch latency around a kill) and ``benchmarks/results/recovery_breakdown.png`` (
 recovery's time went), and prints the tables.  The machine is shared (2 cores), so comparisons
 are made side by side in one run: variants alternate round by round (A B C, C B A, ...), the
 tables give medians and a ratio is the median over the rounds of the per-round ratio.
-Single rounds' ratios spread by 10-20 % on this VM (a run without checkpoints against the
-next one without), so section 1 takes 5 rounds on process and 3 on Spark: with 3 and 2 the
-median landed on either side of a 5 % target from one run to the next.
+Single rounds spread far wider than a 5 % target: the *control* variant, which never
+checkpoints, ran at 0.61-1.25x *none* per round in two runs on 2026-12-01.  So section 1
+takes 5 rounds on process and 3 on Spark (it took 3 and 2).
 
 1. **Checkpoint cost** (2 workers).  NEXMark q4, q5, q8 through
    ``tokenflow.nexmark.run.run_query(q, events, workers=2, runtime="process", output=DIR,
@@ -93,7 +93,7 @@ median landed on either side of a 5 % target from one run to the next.
    read of the bins a new third worker owns after a 2 -> 3 rescale (1/3, from both stores) and
    of all bins (decoded to tables in every variant).  Reads come from the page cache.
 
-Run: ``.venv/bin/python benchmarks/recovery.py`` (about 35 minutes on 2 shared cores), or
+Run: ``.venv/bin/python benchmarks/recovery.py`` (23 minutes measured on 2 shared cores, more on a slower VM), or
 ``--quick`` (a few minutes: fewer events and rounds, a 20 MB state, fewer kills).
 """
 
