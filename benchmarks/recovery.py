@@ -93,8 +93,8 @@ takes 5 rounds on process and 3 on Spark (it took 3 and 2).
    read of the bins a new third worker owns after a 2 -> 3 rescale (1/3, from both stores) and
    of all bins (decoded to tables in every variant).  Reads come from the page cache.
 
-Run: ``.venv/bin/python benchmarks/recovery.py`` (23 minutes measured on 2 shared cores, more on a slower VM), or
-``--quick`` (a few minutes: fewer events and rounds, a 20 MB state, fewer kills).
+Run: ``.venv/bin/python benchmarks/recovery.py`` (23 minutes measured on 2 shared cores, more
+on a slower VM), or ``--quick`` (a few minutes: fewer events and rounds, a 20 MB state, fewer kills).
 """
 
 from __future__ import annotations
