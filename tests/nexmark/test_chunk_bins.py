@@ -265,6 +265,43 @@ def test_a_merged_run_is_ordered_by_bin_and_the_next_one_bin_take_slices_it() ->
     assert finish(state) == finish(twin)
 
 
+def test_one_bin_takes_leave_a_q8_window_compacted_and_taking_what_the_whole_state_path_takes(
+        ) -> None:
+    """A fluid migration's one-bin takes cut each chunk ordered by bin that holds the bin
+    into two pieces, and new batches keep coming: ``_compact`` merges a window's adjacent
+    chunks of the fewest rows as batches are added and when a step prepares, so a prepared
+    window holds at most ``MOST_CHUNKS`` chunks (40 takes cut about 200 pieces), and every
+    take still gives what the whole-state path gives."""
+    _, _, finish = KINDS["q8-windows"]
+    state, twin = q8.WindowState(size=10), q8.WindowState(size=10)
+    for s in (state, twin):
+        s.attach(64, 0)
+    rng = np.random.default_rng(11)
+
+    def add(batches: int) -> None:
+        for _ in range(batches):
+            ids = rng.integers(0, 1_000_000, 40)
+            persons = pa.record_batch([pa.array(ids), pa.array([f"p{k}" for k in ids])],
+                                      schema=q8.PERSON_SCHEMA)
+            sellers = rng.integers(0, 1_000_000, 40)
+            for s in (state, twin):
+                s.add_persons(10, persons)
+                s.add_sellers(10, sellers)
+
+    add(4 * q8.COMPACT_AFTER)
+    most = 0
+    for b in range(40):
+        add(8)
+        assert state.prepare_take(math.inf)
+        assert len(state.persons[10]) <= q8.MOST_CHUNKS
+        assert len(state.sellers[10]) <= q8.MOST_CHUNKS
+        assert sorted_tables(state.take([b])) == sorted_tables(whole_state_take(twin, [b]))
+        most = max(most, len(state.persons[10]))
+    assert most > q8.MOST_CHUNKS  # the takes did cut chunks into pieces
+    assert sorted_tables(state.export()) == sorted_tables(twin.export())
+    assert finish(state) == finish(twin)
+
+
 def key_arrays(state: Any) -> list[np.ndarray]:
     """The numpy key arrays held (q5: partials' auctions; q8: seller arrays)."""
     if isinstance(state, q5.WindowCounts):
