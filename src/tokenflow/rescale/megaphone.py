@@ -926,13 +926,18 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
         sends: list[_Send] = []  # steps at which this worker sends (or measures), in order
         shared.activate_router = builder_activate = builder.activator()
         sent_now = [False]
+        last_take = [0.0]  # seconds the latest slice's take took, of any step
 
         def send_slices(send: _Send, deadline: float, clock: Activation) -> bool:
             """Take and send slices of ``send``'s bins until they are all sent (True) or the
             activation's budget would be passed (False): a slice starts only when the last
-            one's time still fits before ``deadline``, or as the activation's first work
-            (``clock``: the activation's migration work, as one block)."""
-            last = 0.0
+            one's time (of this step or, for its first slice, the step before) still fits
+            before ``deadline``, or as the activation's first work (``clock``: the
+            activation's migration work, as one block).  A fluid migration's steps fall due
+            together when the worker is behind, and with no estimate for a step's first
+            slice one block took three or four steps: q4 blocks of 4.9-6.1 ms where one
+            step's take was at most 2 ms (2026-12-01)."""
+            last = last_take[0]
             while send.left():
                 if not clock.may_start(deadline, last):
                     return False
@@ -954,7 +959,7 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
                     for b, target in zip(chunk.tolist(), news.tolist(), strict=True):
                         if b in parts:
                             by_target[target][b] = parts[b]
-                last = _time.perf_counter() - began
+                last = last_take[0] = _time.perf_counter() - began
                 send.slices += 1
                 send.taking += last
                 if shared.per_bin:
