@@ -235,6 +235,16 @@ def test_a_take_merges_each_window_it_cuts_twice_and_the_next_take_hashes_nothin
     assert sum(hashed) <= rows, (kind, hashed, rows)
 
 
+def add_to_both(states: tuple[q8.WindowState, ...], ids: np.ndarray, sellers: np.ndarray) -> None:
+    """Add persons ``ids`` (named ``p<id>``) and ``sellers`` to the window ending at 10 of
+    each of ``states``."""
+    persons = pa.record_batch([pa.array(ids), pa.array([f"p{k}" for k in ids])],
+                              schema=q8.PERSON_SCHEMA)
+    for state in states:
+        state.add_persons(10, persons)
+        state.add_sellers(10, sellers)
+
+
 def test_a_merged_run_is_ordered_by_bin_and_the_next_one_bin_take_slices_it() -> None:
     """q8: a one-bin take merges a window's small chunks (``split(merge=)``) and orders the
     merged rows by bin (``reorder``), so what stays ascends and the next one-bin take (a
@@ -250,12 +260,7 @@ def test_a_merged_run_is_ordered_by_bin_and_the_next_one_bin_take_slices_it() ->
         s.attach(64, 0)
     for i in range(q8.COMPACT_AFTER // 2):  # small chunks in one window, none compacted
         ids = np.arange(i * 50, i * 50 + 50, dtype=np.int64)
-        persons = pa.record_batch([pa.array(ids), pa.array([f"p{k}" for k in ids])],
-                                  schema=q8.PERSON_SCHEMA)
-        sellers = rng.integers(0, 5_000, 50)
-        for s in (state, twin):
-            s.add_persons(10, persons)
-            s.add_sellers(10, sellers)
+        add_to_both((state, twin), ids, rng.integers(0, 5_000, 50))
     assert sorted_tables(state.take([5])) == sorted_tables(whole_state_take(twin, [5]))
     (merged,) = key_arrays(state)  # one array of what stays of the window's sellers
     assert len(merged) > 1_000 and ascending(merged)
@@ -280,13 +285,8 @@ def test_one_bin_takes_leave_a_q8_window_compacted_and_taking_what_the_whole_sta
 
     def add(batches: int) -> None:
         for _ in range(batches):
-            ids = rng.integers(0, 1_000_000, 40)
-            persons = pa.record_batch([pa.array(ids), pa.array([f"p{k}" for k in ids])],
-                                      schema=q8.PERSON_SCHEMA)
-            sellers = rng.integers(0, 1_000_000, 40)
-            for s in (state, twin):
-                s.add_persons(10, persons)
-                s.add_sellers(10, sellers)
+            add_to_both((state, twin), rng.integers(0, 1_000_000, 40),
+                        rng.integers(0, 1_000_000, 40))
 
     add(4 * q8.COMPACT_AFTER)
     most = 0

@@ -934,9 +934,8 @@ def router(streams: list[Stream], split: list[Splitter], table: RoutingTable, sh
             one's time (of this step or, for its first slice, the step before) still fits
             before ``deadline``, or as the activation's first work (``clock``: the
             activation's migration work, as one block).  A fluid migration's steps fall due
-            together when the worker is behind, and with no estimate for a step's first
-            slice one block took three or four steps: q4 blocks of 4.9-6.1 ms where one
-            step's take was at most 2 ms (2026-12-01)."""
+            together when the worker is behind; without an estimate for a step's first slice
+            each of them would start in the block whatever the budget left."""
             last = last_take[0]
             while send.left():
                 if not clock.may_start(deadline, last):

@@ -333,24 +333,6 @@ TOTALS_SCHEMA = pa.schema([("category", pa.int64()), ("sum", pa.int64()), ("coun
 """``CategoryAverages``' running totals as exported rows (cents, auctions)."""
 
 
-def _pending_entries(rows: pa.Table) -> list[tuple[int, pa.RecordBatch]]:
-    """``CategoryAverages.pending`` entries of ``rows`` (``PENDING_SCHEMA``, in ``pending``
-    order): one per run of equal ``time``, each a zero-copy slice of one batch.  A take
-    rebuilds the entries left this way, with one filter of all pending rows: filtering each
-    entry with rows of a taken category (a fifth of them, one bin of the five categories) took
-    4.4-5.4 ms in a paced q4 fluid step (2026-12-01)."""
-    if rows.num_rows == 0:
-        return []
-    times = int_column(rows, "time")
-    winners = pa.RecordBatch.from_arrays(
-        [rows.column("category").combine_chunks(), rows.column("price").combine_chunks()],
-        schema=WINNER_SCHEMA)
-    starts = np.flatnonzero(np.r_[True, times[1:] != times[:-1]])
-    stops = np.r_[starts[1:], len(times)]
-    return [(t, winners.slice(a, b - a)) for t, a, b in
-            zip(times[starts].tolist(), starts.tolist(), stops.tolist(), strict=True)]
-
-
 class CategoryAverages(ColumnarState):
     """Running sum and count of winning prices per category, and winners waiting for their time.
 
@@ -451,8 +433,11 @@ class CategoryAverages(ColumnarState):
 
     def take_rows(self, member: np.ndarray) -> list[Taken]:
         """Remove the totals and pending winners of ``member`` bins: one hash of the held
-        categories and one of the pending winners' (a mask filter each); a pending batch is
-        filtered only when some of its rows go, and dropped when all do."""
+        categories and one of the pending winners' (a mask filter each); when some pending
+        rows go, the rows left are held again as ``add_timed`` holds them (one entry per
+        time), with one filter of all pending rows: filtering each entry that held a row of a
+        taken category (a fifth of them) took 4.4-5.4 ms in a paced q4 fluid step
+        (2026-12-01)."""
         n = len(self.sums)
         keys = np.fromiter(self.sums.keys(), np.int64, n)
         hashes = column_hashes(pa.array(keys))
@@ -474,7 +459,8 @@ class CategoryAverages(ColumnarState):
         phashes = column_hashes(cats)
         pmask = self.in_bins(phashes, member)
         if pmask.any():
-            self.pending = _pending_entries(pending.filter(pa.array(~pmask)))
+            self.pending = []
+            self.add_timed(pending.filter(pa.array(~pmask)))
         return [*out, Taken(pending.filter(pa.array(pmask)), phashes[pmask], pending.num_rows > 0)]
 
     def add_rows(self, part: int, table: pa.Table) -> None:

@@ -73,8 +73,8 @@ fewest rows together are merged into one, ordered by bin (``_compact``), as batc
 and while a migration step waits: a take cuts every chunk holding rows of the bins it takes, at
 tens of microseconds a cut, and a one-bin take leaves two pieces of each chunk ordered by bin
 that holds the bin.  A paced q8 run at 600,000 events/s whose fluid steps (one bin each) came
-without waiting held 95 chunks in a window after 60 steps, and a take cut them in 5.5 ms of
-CPU (2026-12-01)."""
+without waiting held up to 95 chunks in a window, and a take cut them in 5.5 ms of CPU
+(2026-12-01)."""
 MERGED_ROWS = 16_384
 """Most rows ``_compact`` merges into one chunk (about 1 ms at 60 ns a row)."""
 COMPACT_SECONDS = 0.0005
