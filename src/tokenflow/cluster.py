@@ -45,16 +45,16 @@ def use_system_allocator() -> str:
     the worker; a name pyarrow does not know, or a pool this build lacks, leaves the default
     as it is); returns the default pool's ``backend_name``.
 
-    pyarrow 26's default, mimalloc 3.4, maps fresh pages (transparent huge pages where the
-    kernel allows them) for a buffer above its small sizes and hands them back a second after
-    they are freed (its ``purge_delay``), so the next buffer of that size faults them in again:
-    in a loaded worker on a 2-core VM a 1 MB buffer cost 4-5 ms of CPU, which landed in the
-    rare large allocations of a stream: a live migration's state tables.  glibc keeps freed
-    heap memory for reuse.  Measured side by side (paced NEXMark q8 at 330,000 events/s, 4
-    workers, all-at-once 2 -> 3 -> 4 -> 3 -> 2; the longest block a migration held a worker,
-    per change; 2026-12-01): four runs with mimalloc 10.7-17.5, 4.3-6.7, 10.0-20.6 and
-    10.4-21.5 ms, three with the system allocator 4.5-8.5, 4.4-5.9, 7.4-8.8 and 5.6-8.0 ms;
-    the new owner's longest load on the first change 2.8-8.4 against 2.0-2.6 ms.  Closed-loop
+    pyarrow's default, mimalloc (3.4 in pyarrow 25.0.1), maps fresh pages (transparent huge
+    pages where the kernel allows them) for a buffer above its small sizes and hands them back
+    a second after they are freed (its ``purge_delay``), so the next buffer of that size faults
+    them in again: in a loaded worker on a 2-core VM a 1 MB buffer cost 4-5 ms of CPU, which
+    landed in the rare large allocations of a stream: a live migration's state tables. glibc
+    keeps freed heap memory for reuse. Measured side by side (paced NEXMark q8 at 330,000
+    events/s, 4 workers, all-at-once 2 -> 3 -> 4 -> 3 -> 2; the longest block a migration held
+    a worker, per change; 2026-12-01): four runs with mimalloc 10.7-17.5, 4.3-6.7, 10.0-20.6
+    and 10.4-21.5 ms, three with the system allocator 4.5-8.5, 4.4-5.9, 7.4-8.8 and 5.6-8.0 ms;
+    the new owner's longest load on the first change 2.8-8.4 against 2.0-2.6 ms. Closed-loop
     throughput did not drop (q4, q5 and q8 over 3M events and the flights job, two runs each:
     q4 equal, the others 2-18 % faster)."""
     make = _POOLS.get(os.environ.get(ARROW_POOL_VARIABLE, "system").strip().lower())
