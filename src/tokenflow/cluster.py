@@ -48,7 +48,7 @@ def use_system_allocator() -> str:
     pyarrow's default, mimalloc (3.4 in pyarrow 25.0.1), maps fresh pages (transparent huge
     pages where the kernel allows them) for a buffer above its small sizes and hands them back
     a second after they are freed (its ``purge_delay``), so the next buffer of that size faults
-    them in again: in a loaded worker on a 2-core VM a 1 MB buffer cost 4-5 ms of CPU, which
+    them in again: in a loaded worker on a 2-core VM a 1 MB buffer cost 4.4-5.5 ms of CPU, which
     landed in the rare large allocations of a stream: a live migration's state tables. glibc
     keeps freed heap memory for reuse. Measured side by side (paced NEXMark q8 at 330,000
     events/s, 4 workers, all-at-once 2 -> 3 -> 4 -> 3 -> 2; the longest block a migration held
