@@ -390,8 +390,11 @@ class CheckpointedJob:
                                     f"{event.error or f'{event.steps} steps'}")
 
     def _follow_schedule(self, handle: JobHandle) -> None:
-        """The schedule's entries that are due (seconds after ``start``)."""
-        while self._next < len(self.schedule) and handle.running and \
+        """The schedule's next entry if it is due (seconds after ``start``): one per call,
+        so a schedule whose rescales take longer than its spacing (they fall behind) still
+        lets the checkpoint between two of them be taken, rather than starving every
+        checkpoint until the schedule is done."""
+        if self._next < len(self.schedule) and handle.running and \
                 time.monotonic() - self._began >= self.schedule[self._next][0]:
             self._asked = self.schedule[self._next][1]
             self._next += 1

@@ -203,3 +203,23 @@ def test_q5_recovers_from_a_kill_mid_migration(tmp_path: Path, monkeypatch: pyte
 
     pd.testing.assert_frame_equal(left, right, check_dtype=False)
     shutil.rmtree(ckpt, ignore_errors=True)
+
+
+def test_checkpoints_go_on_while_the_schedule_falls_behind(tmp_path: Path) -> None:
+    """Every entry of a 40-entry schedule is due at once (its rescales fall behind it, as a
+    dense schedule's do on a loaded machine): the driver carries them out one at a time, with
+    checkpoints between them, instead of starving every checkpoint until the schedule is done;
+    the output is still the oracle's."""
+    table = words_table(120, 12_000)
+    schedule = [(0.0, (3, 4, 3, 2)[i % 4]) for i in range(40)]
+    job = CheckpointedJob(migrating_wordcount(table, bins=64, pace=0.01), workers=4,
+                          runtime="thread", checkpoint=tmp_path / "ckpt", interval=0.02,
+                          name=NAME, rescale_schedule=schedule)
+    results = job.run()
+    assert merged(results) == oracle(table)
+    kinds = [("committed" if e.kind == "checkpoint" and "committed" in e.detail else e.kind)
+             for e in job.events]
+    done = [i for i, k in enumerate(kinds) if k == "rescale"]
+    assert len(done) >= 4, job.events  # the schedule was still being carried out ...
+    between = [i for i, k in enumerate(kinds) if k == "committed" and done[0] < i < done[-1]]
+    assert between, job.events  # ... while checkpoints were committed
