@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tokenflow.execute import WorkerError, execute
-from tokenflow.spark.inputs import IPC, KEY, SEQ, WORKER, split_inputs
+from tokenflow.spark.inputs import IPC, SEQ, WORKER, split_inputs
 from tokenflow.spark.runtime import TAG
 
 
@@ -65,6 +65,26 @@ def test_workers_read_their_share_sorted_and_reproducible(spark: Any, workers: i
 
 
 @pytest.mark.spark
+@pytest.mark.filterwarnings("ignore::tokenflow.execute.ContentionWarning")
+def test_shares_of_unequal_chunk_counts_reach_their_workers(spark: Any,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """With chunks of 111 rows, 1,001 events on 3 workers are 4, 4 and 3 chunks (the last
+    worker's list padded with an empty one): every worker still reads exactly its share, and
+    the second input, whose chunks follow the first's, too."""
+    import tokenflow.spark.inputs as spark_inputs
+
+    monkeypatch.setattr(spark_inputs, "CHUNK_ROWS", 111)
+    rng = np.random.default_rng(5)
+    events = pd.DataFrame({"t": rng.integers(0, 50, 1001), "id": np.arange(1001)})
+    stamps = pd.DataFrame({"u": rng.integers(0, 9, 500), "sid": np.arange(500)})
+    got = execute(reader(), workers=3, runtime="spark", spark=spark,
+                  inputs={"events": events, "stamps": stamps}, sort_by={"events": "t", "stamps": "u"})
+    for i, res in enumerate(got):
+        assert res["events"] == _records(pd.DataFrame(expected_share(events, i, 3, "t"))), i
+        assert res["stamps"] == _records(pd.DataFrame(expected_share(stamps, i, 3, "u"))), i
+
+
+@pytest.mark.spark
 def test_a_worker_without_rows_gets_an_empty_input(spark: Any) -> None:
     table = pa.table({"t": [5], "v": ["only"]})
     got = execute(reader(), workers=2, runtime="spark", spark=spark, inputs={"e": table},
@@ -100,7 +120,6 @@ def _chunks(rows: list[tuple[int, int, int, pa.RecordBatch]]) -> pa.RecordBatch:
     return pa.RecordBatch.from_pydict({
         TAG: pa.array([r[0] for r in rows], pa.int32()),
         WORKER: pa.array([r[1] for r in rows], pa.int32()),
-        KEY: pa.array([0] * len(rows), pa.int64()),
         SEQ: pa.array([r[2] for r in rows], pa.int64()),
         IPC: pa.array([_ipc(r[3]) for r in rows], pa.binary()),
     })

@@ -9,8 +9,8 @@ Two frame layouts reach a task (``split_inputs`` tells them apart by their colum
   ``CHUNK_ROWS`` rows (columns ``IPC_COLUMNS``).  The driver deals rows to workers
   round-robin by position (``tokenflow.inputs.partition_inputs``, so worker ``i`` reads the
   same rows as on the thread and process runtimes) and sorts each share by its time column;
-  Spark moves only ``W × chunks`` binary rows, so a table crosses the JVM as Arrow buffers
-  without a per-row conversion, a row-level shuffle or a sort.
+  Spark holds only ``W × chunks`` binary rows, already in their partitions, so a table
+  crosses the JVM as Arrow buffers without a per-row conversion, a shuffle or a sort.
 """
 
 from __future__ import annotations
@@ -24,9 +24,6 @@ import pyarrow.compute as pc
 
 WORKER = "__tf_worker"
 """``arrow_frame``: the worker a chunk is for (int32; checked by the task reading it)."""
-KEY = "__tf_key"
-"""``arrow_frame``: the key Spark hashes to pick the partition (chosen so worker ``i``'s
-chunks land in partition ``i``; int64)."""
 SEQ = "__tf_seq"
 """``arrow_frame``: the chunk's position in its worker's share of its input (int64)."""
 IPC = "__tf_ipc"
@@ -42,28 +39,6 @@ def is_local_table(value: Any) -> bool:
         type(value).__module__.startswith("pandas")
 
 
-_KEYS: dict[int, tuple[int, ...]] = {}
-
-
-def _partition_keys(spark: Any, workers: int) -> tuple[int, ...]:
-    """Per worker ``i``, the least int64 key that ``repartition(workers, key)`` sends to
-    partition ``i`` (Spark's ``pmod(hash(key), workers)``, computed by Spark itself).
-
-    Raises:
-        RuntimeError: when no key below ``64 * workers`` hashes to some partition.
-    """
-    if workers in _KEYS:
-        return _KEYS[workers]
-    rows = spark.range(0, 64 * workers).selectExpr(f"pmod(hash(id), {workers}) AS p", "id") \
-        .groupBy("p").min("id").collect()
-    keys = {int(r[0]): int(r[1]) for r in rows}
-    missing = [i for i in range(workers) if i not in keys]
-    if missing:
-        raise RuntimeError(f"no key hashes to partitions {missing} of {workers}")
-    _KEYS[workers] = tuple(keys[i] for i in range(workers))
-    return _KEYS[workers]
-
-
 def _ipc(batch: pa.RecordBatch) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
@@ -75,6 +50,13 @@ def arrow_frame(spark: Any, inputs: dict[str, Any], workers: int,
                 sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
     """A DataFrame of ``workers`` partitions that hands each worker its share of local tables.
 
+    Worker ``i``'s chunks (padded with empty ones to as many as the worker with the most has)
+    are positions ``[i C, (i + 1) C)`` of one list that ``SparkContext.parallelize`` cuts
+    into ``workers`` slices, which gives slice ``i`` exactly those positions; the frame over
+    that RDD keeps its partitions, so no shuffle, sort or extra stage runs before the barrier
+    stage (a ``repartition`` by a key cost a stage of its own, 0.2-0.3 s).  The barrier task
+    checks each chunk's ``WORKER`` against its partition.
+
     Args:
         spark: the SparkSession.
         inputs: input name -> ``pa.Table``, ``pa.RecordBatch`` or pandas DataFrame.
@@ -83,42 +65,34 @@ def arrow_frame(spark: Any, inputs: dict[str, Any], workers: int,
 
     Returns:
         ``(frame, layout)``: the frame's partition ``i`` holds worker ``i``'s chunks
-        (columns ``__tf_input`` (input index, int), ``WORKER``, ``KEY``, ``SEQ``, ``IPC``; sorted by
-        input and ``SEQ``), and per input ``(name, its columns)``.  Which rows worker ``i``
-        gets depends only on the table and ``workers`` (round-robin by position), never on
-        the run.
+        (columns ``__tf_input`` (input index, int), ``WORKER``, ``SEQ``, ``IPC``; in input and
+        ``SEQ`` order), and per input ``(name, its columns)``.  Which rows worker ``i`` gets
+        depends only on the table and ``workers`` (round-robin by position), never on the
+        run.
 
     Raises:
         KeyError: a ``sort_by`` column missing from its input.
-        RuntimeError: see ``_partition_keys``.
     """
-    from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
+    from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
 
     from tokenflow.inputs import as_table, partition_inputs
     from tokenflow.spark.runtime import TAG
 
     tables = {name: as_table(value, name) for name, value in inputs.items()}
     shares = partition_inputs(tables, workers, sort_by, batch_rows=CHUNK_ROWS)
-    keys = _partition_keys(spark, workers)
-    tag, owner, key, seq, blob = [], [], [], [], []
-    for i, share in enumerate(shares):
-        for k, name in enumerate(tables):
-            for j, batch in enumerate(share[name]):
-                tag.append(k)
-                owner.append(i)
-                key.append(keys[i])
-                seq.append(j)
-                blob.append(_ipc(batch))
-    schema = pa.schema([(TAG, pa.int32()), (WORKER, pa.int32()), (KEY, pa.int64()),
-                        (SEQ, pa.int64()), (IPC, pa.binary())])
-    # One record batch per chunk: Spark sends the table batch by batch, and a binary array
-    # of several chunks could pass its 2 GiB limit.
-    chunks = pa.Table.from_batches(
-        [pa.record_batch([[t], [o], [k], [j], [b]], schema=schema)
-         for t, o, k, j, b in zip(tag, owner, key, seq, blob, strict=True)], schema=schema)
+    per_worker = [[(k, i, j, _ipc(batch)) for k, name in enumerate(tables)
+                   for j, batch in enumerate(share[name])] for i, share in enumerate(shares)]
+    most = max(map(len, per_worker))
+    last = len(tables) - 1
+    empty = _ipc(pa.RecordBatch.from_pylist([], schema=list(tables.values())[last].schema))
+    rows = [row for i, chunks in enumerate(per_worker)
+            for row in chunks + [(last, i, len(chunks) + p, empty) for p in range(most - len(chunks))]]
+    schema = StructType([StructField(TAG, IntegerType(), False),
+                         StructField(WORKER, IntegerType(), False),
+                         StructField(SEQ, LongType(), False),
+                         StructField(IPC, BinaryType(), False)])
+    frame = spark.createDataFrame(spark.sparkContext.parallelize(rows, workers), schema)
     layout = [(name, list(table.column_names)) for name, table in tables.items()]
-    frame = spark.createDataFrame(chunks).repartition(workers, F.col(KEY)) \
-        .sortWithinPartitions(TAG, SEQ)
     return frame, layout
 
 

@@ -68,8 +68,8 @@ def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: 
 
 
 def warm_up(session: Any, master: str) -> None:
-    """Run a tiny job on every task slot of a new ``local`` session: an Arrow table made a
-    DataFrame, shuffled, and read by a barrier ``mapInArrow`` stage.
+    """Run a tiny job on every task slot of a new ``local`` session: parallelized rows made
+    a DataFrame and read by a barrier ``mapInArrow`` stage.
 
     A session's first DataFrame stage with a Python function pays Spark's one-time costs:
     the JVM loads and compiles its SQL, Arrow and barrier code, and the Python daemon starts
@@ -89,12 +89,11 @@ def warm_up(session: Any, master: str) -> None:
         yield pa.record_batch({"rows": pa.array([rows], pa.int64())})
 
     try:
-        import pyarrow as pa
-
-        # from Arrow, through a shuffle, into a barrier stage: the path of a job's inputs
-        # (``tokenflow.spark.inputs.arrow_frame``) and of every job's tasks
-        frame = session.createDataFrame(pa.table({"k": pa.array(range(slots), pa.int64())}))
-        frame.repartition(slots, "k").mapInArrow(touch, "rows long", barrier=True).collect()
+        # a DataFrame over parallelized rows, one partition a slot, read by a barrier stage:
+        # the path of a job's inputs (``tokenflow.spark.inputs.arrow_frame``) and tasks
+        rows = session.sparkContext.parallelize([(k, b"") for k in range(slots)], slots)
+        frame = session.createDataFrame(rows, "k long, data binary")
+        frame.mapInArrow(touch, "rows long", barrier=True).collect()
     except Exception:  # noqa: BLE001,S110 - see the docstring
         pass
 
