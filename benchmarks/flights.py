@@ -14,7 +14,7 @@ one SparkSession (``local[2]``, started before any timing):
 * **tokenflow spark, Spark DataFrame input**: the same job fed a DataFrame made from the table,
   which takes the hash-repartition path every run took before (the "before" figure).
 * **DataFrame → workers**: a job that only reads its input partition, with the table passed as
-  Arrow (``arrow_frame``) and, for comparison, as a Spark DataFrame (the hash-repartition path
+  Arrow (``arrow_partitions``) and, for comparison, as a Spark DataFrame (the hash-repartition path
   every input took before); rows/s per worker = rows / 2 / the ``execute`` seconds (the fixed
   cost of a barrier stage included; the empty stage is reported apart).
 * **Where the time goes**: the empty barrier stage, an empty process job (spawning two

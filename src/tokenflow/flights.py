@@ -541,7 +541,7 @@ def run_flights_timed(workers: int = 2, runtime: str = "thread",
         workers: number of workers.
         runtime: ``thread``, ``process`` or ``spark``.  On ``spark`` the table is the job
             input ``flights``, carried to the workers as Arrow (``execute(inputs=...)``,
-            ``tokenflow.spark.inputs.arrow_frame``: worker ``i`` reads Spark partition ``i``);
+            ``tokenflow.spark.inputs.arrow_partitions``: worker ``i`` reads partition ``i``);
             elsewhere a replayable source over ``SPLITS`` W-independent splits of the table
             (``flights_job``).
         output: a directory; when given, the job writes ``output/hourly`` as a committed

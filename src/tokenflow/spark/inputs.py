@@ -1,15 +1,16 @@
 """Worker-side access to the Spark partition of each named input (see ``runtime``), and the
-driver-side frame that carries local Arrow tables to the workers (``arrow_frame``).
+driver-side RDD that carries local Arrow tables to the workers (``arrow_partitions``).
 
-Two frame layouts reach a task (``split_inputs`` tells them apart by their columns):
+Two partition layouts reach a task (``split_inputs`` tells them apart by their items):
 
-- *Spark DataFrames* (``runtime._input_frame``): one row per input row, columns prefixed per
-  input (``__tf<k>_<column>``) plus the input tag; repartitioned by a hash of every column.
-- *Local Arrow tables* (``arrow_frame``): one row per Arrow IPC stream of up to
-  ``CHUNK_ROWS`` rows (columns ``IPC_COLUMNS``).  The driver deals rows to workers
+- *Spark DataFrames* (``runtime._input_partitions``): Arrow batches of one row per input
+  row, columns prefixed per input (``__tf<k>_<column>``) plus the input tag; repartitioned
+  by a hash of every column.
+- *Local Arrow tables* (``arrow_partitions``): chunk tuples ``(input index, worker, seq,
+  Arrow IPC stream of up to CHUNK_ROWS rows)``.  The driver deals rows to workers
   round-robin by position (``tokenflow.inputs.partition_inputs``, so worker ``i`` reads the
   same rows as on the thread and process runtimes) and sorts each share by its time column;
-  Spark holds only ``W × chunks`` binary rows, already in their partitions, so a table
+  Spark holds only ``W × chunks`` binary items, already in their partitions, so a table
   crosses the JVM as Arrow buffers without a per-row conversion, a shuffle or a sort.
 """
 
@@ -22,18 +23,17 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-WORKER = "__tf_worker"
-"""``arrow_frame``: the worker a chunk is for (int32; checked by the task reading it)."""
-SEQ = "__tf_seq"
-"""``arrow_frame``: the chunk's position in its worker's share of its input (int64)."""
-IPC = "__tf_ipc"
-"""``arrow_frame``: one Arrow IPC stream (binary) holding one record batch of the input."""
+Chunk = tuple[int, int, int, bytes]
+"""An item of ``arrow_partitions``: ``(input index, worker, seq, ipc)``, ``seq`` the chunk's
+position in its worker's share of that input (padding after it), ``ipc`` one Arrow IPC stream
+holding one record batch of the input (empty for padding); the reading task checks
+``worker``."""
 CHUNK_ROWS = 65536
-"""Rows per IPC stream of ``arrow_frame`` (a binary value must stay under 2 GiB)."""
+"""Rows per IPC stream of ``arrow_partitions`` (one pickled value, kept far below 2 GiB)."""
 
 
 def is_local_table(value: Any) -> bool:
-    """True for the inputs ``arrow_frame`` carries: a ``pa.Table``, a ``pa.RecordBatch`` or a
+    """True for the inputs ``arrow_partitions`` carries: a ``pa.Table``, a ``pa.RecordBatch`` or a
     pandas DataFrame (anything else is taken as a Spark DataFrame)."""
     return isinstance(value, pa.Table | pa.RecordBatch) or \
         type(value).__module__.startswith("pandas")
@@ -46,16 +46,16 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def arrow_frame(spark: Any, inputs: dict[str, Any], workers: int,
-                sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
-    """A DataFrame of ``workers`` partitions that hands each worker its share of local tables.
+def arrow_partitions(spark: Any, inputs: dict[str, Any], workers: int,
+                     sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
+    """An RDD of ``workers`` partitions that hands each worker its share of local tables.
 
     Worker ``i``'s chunks (padded with empty ones to as many as the worker with the most has)
     are positions ``[i C, (i + 1) C)`` of one list that ``SparkContext.parallelize`` cuts
-    into ``workers`` slices, which gives slice ``i`` exactly those positions; the frame over
-    that RDD keeps its partitions, so no shuffle, sort or extra stage runs before the barrier
-    stage (a ``repartition`` by a key cost a stage of its own, 0.2-0.3 s).  The barrier task
-    checks each chunk's ``WORKER`` against its partition.
+    into ``workers`` slices, which gives slice ``i`` exactly those positions: no shuffle, sort
+    or extra stage runs before the barrier stage (a DataFrame ``repartition`` by a key cost
+    a stage of its own, 0.2-0.3 s).  The barrier task checks each chunk's worker against
+    its partition.
 
     Args:
         spark: the SparkSession.
@@ -64,50 +64,43 @@ def arrow_frame(spark: Any, inputs: dict[str, Any], workers: int,
         sort_by: input name -> the column its shares are sorted by (ascending, stable).
 
     Returns:
-        ``(frame, layout)``: the frame's partition ``i`` holds worker ``i``'s chunks
-        (columns ``__tf_input`` (input index, int), ``WORKER``, ``SEQ``, ``IPC``; in input and
-        ``SEQ`` order), and per input ``(name, its columns)``.  Which rows worker ``i`` gets
-        depends only on the table and ``workers`` (round-robin by position), never on the
-        run.
+        ``(rdd, layout)``: the RDD's partition ``i`` holds worker ``i``'s ``Chunk``s (in input
+        and ``seq`` order), and per input ``(name, its columns)``.  Which rows worker ``i``
+        gets depends only on the table and ``workers`` (round-robin by position), never on
+        the run.
 
     Raises:
         KeyError: a ``sort_by`` column missing from its input.
     """
-    from pyspark.sql.types import BinaryType, IntegerType, LongType, StructField, StructType
-
     from tokenflow.inputs import as_table, partition_inputs
-    from tokenflow.spark.runtime import TAG
 
     tables = {name: as_table(value, name) for name, value in inputs.items()}
     shares = partition_inputs(tables, workers, sort_by, batch_rows=CHUNK_ROWS)
-    per_worker = [[(k, i, j, _ipc(batch)) for k, name in enumerate(tables)
+    per_worker: list[list[Chunk]] = [[(k, i, j, _ipc(batch)) for k, name in enumerate(tables)
                    for j, batch in enumerate(share[name])] for i, share in enumerate(shares)]
     most = max(map(len, per_worker))
     last = len(tables) - 1
     empty = _ipc(pa.RecordBatch.from_pylist([], schema=list(tables.values())[last].schema))
-    rows = [row for i, chunks in enumerate(per_worker)
-            for row in chunks + [(last, i, len(chunks) + p, empty) for p in range(most - len(chunks))]]
-    schema = StructType([StructField(TAG, IntegerType(), False),
-                         StructField(WORKER, IntegerType(), False),
-                         StructField(SEQ, LongType(), False),
-                         StructField(IPC, BinaryType(), False)])
-    frame = spark.createDataFrame(spark.sparkContext.parallelize(rows, workers), schema)
+    items: list[Chunk] = [chunk for i, chunks in enumerate(per_worker) for chunk in
+                          chunks + [(last, i, len(chunks) + p, empty)
+                                    for p in range(most - len(chunks))]]
     layout = [(name, list(table.column_names)) for name, table in tables.items()]
-    return frame, layout
+    return spark.sparkContext.parallelize(items, workers), layout
 
 
-def split_inputs(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list[str]]],
+def split_inputs(batches: Iterator[Any], layout: list[tuple[str, list[str]]],
                  tag: str, partition: int | None = None) -> dict[str, Any]:
     """Map input name → iterable of this worker's Arrow batches (original column names).
 
+    ``batches``: the task's partition, Arrow batches of a DataFrame partition or the
+    ``Chunk``s of an ``arrow_partitions`` one (with no inputs, anything: it is consumed).
     With one input the partition streams lazily; with several, rows are grouped by input in
     memory first (the partition is sorted by input tag, so each input is one contiguous run).
-    A partition of ``arrow_frame`` is decoded chunk by chunk; ``partition`` (default: the
-    running Spark task's partition, if any) is checked against each chunk's ``WORKER``.
+    Chunks are decoded one by one; ``partition`` (default: the running Spark task's
+    partition, if any) is checked against each chunk's worker.
 
     Raises:
-        RuntimeError: (while reading) an ``arrow_frame`` chunk that belongs to another
-            partition.
+        RuntimeError: (while reading) a chunk that belongs to another partition.
     """
     if not layout:
         for _ in batches:
@@ -118,8 +111,8 @@ def split_inputs(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list
     if first is None:
         return {name: _OneShot(iter(())) for name, _ in layout}
     batches = itertools.chain([first], batches)
-    if IPC in first.schema.names:
-        return _split_chunks(batches, layout, tag, partition)
+    if isinstance(first, tuple):
+        return _split_chunks(batches, layout, partition)
     if len(layout) == 1:
         name, cols = layout[0]
         return {name: _OneShot(_select(batches, 0, cols))}
@@ -143,28 +136,24 @@ def _task_partition() -> int | None:
     return None if context is None else int(context.partitionId())
 
 
-def _split_chunks(batches: Iterator[pa.RecordBatch], layout: list[tuple[str, list[str]]],
-                  tag: str, partition: int | None) -> dict[str, Any]:
-    """``split_inputs`` for a partition of ``arrow_frame``: decode the IPC chunks in order."""
+def _split_chunks(chunks: Iterator[Chunk], layout: list[tuple[str, list[str]]],
+                  partition: int | None) -> dict[str, Any]:
+    """``split_inputs`` for a partition of ``arrow_partitions``: decode the chunks in order."""
     expected = _task_partition() if partition is None else partition
 
-    def decoded(rows: Iterator[pa.RecordBatch]) -> Iterator[tuple[int, pa.RecordBatch]]:
-        for rowset in rows:
-            owners = set(rowset.column(WORKER).to_pylist())
-            if expected is not None and owners != {expected}:
-                raise RuntimeError(f"partition {expected} holds chunks for workers "
-                                   f"{sorted(owners)}: Spark did not keep arrow_frame's "
-                                   f"partitioning")
-            for k, blob in zip(rowset.column(tag).to_pylist(), rowset.column(IPC).to_pylist(),
-                               strict=True):
-                for batch in pa.ipc.open_stream(blob):
-                    if batch.num_rows:
-                        yield k, batch
+    def decoded(items: Iterator[Chunk]) -> Iterator[tuple[int, pa.RecordBatch]]:
+        for k, owner, _seq, blob in items:
+            if expected is not None and owner != expected:
+                raise RuntimeError(f"partition {expected} holds a chunk for worker {owner}: "
+                                   f"Spark did not keep arrow_partitions' slices")
+            for batch in pa.ipc.open_stream(blob):
+                if batch.num_rows:
+                    yield k, batch
 
     if len(layout) == 1:
-        return {layout[0][0]: _OneShot(b for _, b in decoded(batches))}
+        return {layout[0][0]: _OneShot(b for _, b in decoded(chunks))}
     grouped: dict[int, list[pa.RecordBatch]] = {k: [] for k in range(len(layout))}
-    for k, batch in decoded(batches):
+    for k, batch in decoded(chunks):
         grouped[k].append(batch)
     return {name: _OneShot(iter(grouped[k])) for k, (name, _) in enumerate(layout)}
 

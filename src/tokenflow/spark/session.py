@@ -68,13 +68,13 @@ def get_session(master: str | None = None, app_name: str = "tokenflow", **conf: 
 
 
 def warm_up(session: Any, master: str) -> None:
-    """Run a tiny job on every task slot of a new ``local`` session: parallelized rows made
-    a DataFrame and read by a barrier ``mapInArrow`` stage.
+    """Run a tiny job on every task slot of a new ``local`` session: a barrier stage over
+    parallelized items (``RDD.barrier().mapPartitions``), as a job's.
 
-    A session's first DataFrame stage with a Python function pays Spark's one-time costs:
-    the JVM loads and compiles its SQL, Arrow and barrier code, and the Python daemon starts
-    and forks a worker per slot.  Measured on a 2-core machine: 5.6-7.1 s before the first
-    job's tasks ran, 0.2-0.3 s for the next.  Paid here, they count as start-up
+    A session's first stage with a Python function pays Spark's one-time costs: the JVM
+    loads its scheduler and barrier code, and the Python daemon starts and forks a worker
+    per slot.  Measured on a 2-core machine (with a DataFrame stage then): 5.6-7.1 s before
+    the first job's tasks ran, 0.2-0.3 s for the next.  Paid here, they count as start-up
     (``startup_seconds``) instead of falling on the session's first job.  A warm-up that
     fails is ignored: the job that needs the same machinery reports the error itself.
     """
@@ -82,18 +82,14 @@ def warm_up(session: Any, master: str) -> None:
 
     slots = local_slots(master) or 1
 
-    def touch(batches: Any) -> Any:
-        import pyarrow as pa
-
-        rows = sum(b.num_rows for b in batches)
-        yield pa.record_batch({"rows": pa.array([rows], pa.int64())})
+    def touch(items: Any) -> Any:
+        yield sum(1 for _ in items)
 
     try:
-        # a DataFrame over parallelized rows, one partition a slot, read by a barrier stage:
-        # the path of a job's inputs (``tokenflow.spark.inputs.arrow_frame``) and tasks
-        rows = session.sparkContext.parallelize([(k, b"") for k in range(slots)], slots)
-        frame = session.createDataFrame(rows, "k long, data binary")
-        frame.mapInArrow(touch, "rows long", barrier=True).collect()
+        # a barrier stage over parallelized items, one partition a slot: the path of a
+        # job's tasks and of its local-table inputs (``tokenflow.spark.inputs``)
+        session.sparkContext.parallelize([b""] * slots, slots).barrier() \
+            .mapPartitions(touch).collect()
     except Exception:  # noqa: BLE001,S110 - see the docstring
         pass
 

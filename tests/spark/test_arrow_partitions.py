@@ -1,4 +1,4 @@
-"""Local tables on the Spark runtime (``tokenflow.spark.inputs.arrow_frame``): worker ``i``
+"""Local tables on the Spark runtime (``tokenflow.spark.inputs.arrow_partitions``): worker ``i``
 reads rows ``i, i + W, ...`` of each table, sorted by its time column, as Arrow batches.
 
 The expected shares are computed here with pandas (position modulo W, stable sort by time);
@@ -15,7 +15,7 @@ import pyarrow as pa
 import pytest
 
 from tokenflow.execute import WorkerError, execute
-from tokenflow.spark.inputs import IPC, SEQ, WORKER, split_inputs
+from tokenflow.spark.inputs import Chunk, split_inputs
 from tokenflow.spark.runtime import TAG
 
 
@@ -115,21 +115,16 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def _chunks(rows: list[tuple[int, int, int, pa.RecordBatch]]) -> pa.RecordBatch:
-    """(input tag, worker, seq, batch) per chunk as one row each."""
-    return pa.RecordBatch.from_pydict({
-        TAG: pa.array([r[0] for r in rows], pa.int32()),
-        WORKER: pa.array([r[1] for r in rows], pa.int32()),
-        SEQ: pa.array([r[2] for r in rows], pa.int64()),
-        IPC: pa.array([_ipc(r[3]) for r in rows], pa.binary()),
-    })
+def _chunks(rows: list[tuple[int, int, int, pa.RecordBatch]]) -> list[Chunk]:
+    """(input tag, worker, seq, batch) per chunk, as ``arrow_partitions`` holds them."""
+    return [(k, worker, seq, _ipc(batch)) for k, worker, seq, batch in rows]
 
 
 def test_split_inputs_decodes_chunks_per_input_in_order() -> None:
     a1 = pa.record_batch({"t": [1, 2], "x": ["a", "b"]})
     a2 = pa.record_batch({"t": [3], "x": ["c"]})
     b1 = pa.record_batch({"ts": pa.array([7], pa.timestamp("ms", tz="UTC"))})
-    batches = iter([_chunks([(0, 1, 0, a1), (0, 1, 1, a2)]), _chunks([(1, 1, 0, b1)])])
+    batches = iter(_chunks([(0, 1, 0, a1), (0, 1, 1, a2), (1, 1, 0, b1)]))
     got = split_inputs(batches, [("a", ["t", "x"]), ("b", ["ts"])], TAG, partition=1)
     assert [b.to_pylist() for b in got["a"]] == [a1.to_pylist(), a2.to_pylist()]
     assert [b.schema for b in got["b"]] == [b1.schema]  # the table's own types (ms, UTC)
@@ -139,8 +134,8 @@ def test_split_inputs_decodes_chunks_per_input_in_order() -> None:
 
 def test_split_inputs_refuses_a_chunk_of_another_worker() -> None:
     a1 = pa.record_batch({"t": [1]})
-    got = split_inputs(iter([_chunks([(0, 0, 0, a1)])]), [("a", ["t"])], TAG, partition=1)
-    with pytest.raises(RuntimeError, match=r"partition 1 holds chunks for workers \[0\]"):
+    got = split_inputs(iter(_chunks([(0, 0, 0, a1)])), [("a", ["t"])], TAG, partition=1)
+    with pytest.raises(RuntimeError, match=r"partition 1 holds a chunk for worker 0"):
         list(got["a"])
 
 
