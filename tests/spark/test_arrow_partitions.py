@@ -85,6 +85,28 @@ def test_shares_of_unequal_chunk_counts_reach_their_workers(spark: Any,
 
 
 @pytest.mark.spark
+def test_shares_too_large_for_parallelize_go_as_a_dataframe(
+        spark: Any, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Over ``MAX_SHARE_BYTES`` per worker (here 1 byte) the tables go as a Spark DataFrame,
+    split by a hash of their rows (not round-robin): every row still reaches exactly one
+    worker, each worker's rows sorted by time, and the log says why."""
+    import logging
+
+    import tokenflow.spark.inputs as spark_inputs
+
+    monkeypatch.setattr(spark_inputs, "MAX_SHARE_BYTES", 1)
+    caplog.set_level(logging.INFO, logger="tokenflow.spark.runtime")
+    events, stamps = frames()
+    got = execute(reader(), workers=2, runtime="spark", spark=spark,
+                  inputs={"events": events, "stamps": stamps}, sort_by={"events": "t", "stamps": "ts"})
+    assert sorted(r["id"] for res in got for r in res["events"]) == list(range(1000))
+    assert sorted(r["sid"] for res in got for r in res["stamps"]) == list(range(301))
+    for res in got:
+        assert [r["t"] for r in res["events"]] == sorted(r["t"] for r in res["events"])
+    assert "go to Spark as a DataFrame" in caplog.text
+
+
+@pytest.mark.spark
 def test_a_worker_without_rows_gets_an_empty_input(spark: Any) -> None:
     table = pa.table({"t": [5], "v": ["only"]})
     got = execute(reader(), workers=2, runtime="spark", spark=spark, inputs={"e": table},

@@ -29,7 +29,12 @@ position in its worker's share of that input (padding after it), ``ipc`` one Arr
 holding one record batch of the input (empty for padding); the reading task checks
 ``worker``."""
 CHUNK_ROWS = 65536
-"""Rows per IPC stream of ``arrow_partitions`` (one pickled value, kept far below 2 GiB)."""
+"""Rows per IPC stream of ``arrow_partitions``."""
+MAX_SHARE_BYTES = 1 << 30
+"""Most bytes (Arrow buffers) of one worker's share that ``arrow_partitions`` carries:
+``SparkContext.parallelize`` pickles a worker's chunks as one value with a 32-bit length,
+which the JVM reads into one array (under 2 GiB); tables with a larger share go to Spark as a
+DataFrame instead (``runtime._input_partitions``)."""
 
 
 def is_local_table(value: Any) -> bool:
@@ -46,9 +51,10 @@ def _ipc(batch: pa.RecordBatch) -> bytes:
     return sink.getvalue().to_pybytes()
 
 
-def arrow_partitions(spark: Any, inputs: dict[str, Any], workers: int,
-                     sort_by: dict[str, str]) -> tuple[Any, list[tuple[str, list[str]]]]:
-    """An RDD of ``workers`` partitions that hands each worker its share of local tables.
+def arrow_partitions(spark: Any, inputs: dict[str, Any], workers: int, sort_by: dict[str, str],
+                     ) -> tuple[Any, list[tuple[str, list[str]]]] | None:
+    """An RDD of ``workers`` partitions that hands each worker its share of local tables, or
+    None when a share holds more than ``MAX_SHARE_BYTES``.
 
     Worker ``i``'s chunks (padded with empty ones to as many as the worker with the most has)
     are positions ``[i C, (i + 1) C)`` of one list that ``SparkContext.parallelize`` cuts
@@ -67,7 +73,7 @@ def arrow_partitions(spark: Any, inputs: dict[str, Any], workers: int,
         ``(rdd, layout)``: the RDD's partition ``i`` holds worker ``i``'s ``Chunk``s (in input
         and ``seq`` order), and per input ``(name, its columns)``.  Which rows worker ``i``
         gets depends only on the table and ``workers`` (round-robin by position), never on
-        the run.
+        the run.  None: a share is too large to go this way.
 
     Raises:
         KeyError: a ``sort_by`` column missing from its input.
@@ -76,6 +82,9 @@ def arrow_partitions(spark: Any, inputs: dict[str, Any], workers: int,
 
     tables = {name: as_table(value, name) for name, value in inputs.items()}
     shares = partition_inputs(tables, workers, sort_by, batch_rows=CHUNK_ROWS)
+    if max(sum(b.nbytes for batches in share.values() for b in batches)
+           for share in shares) > MAX_SHARE_BYTES:
+        return None
     per_worker: list[list[Chunk]] = [[(k, i, j, _ipc(batch)) for k, name in enumerate(tables)
                    for j, batch in enumerate(share[name])] for i, share in enumerate(shares)]
     most = max(map(len, per_worker))

@@ -26,6 +26,7 @@ failed task are silenced for the duration of the stage.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
@@ -44,6 +45,8 @@ from tokenflow.comm.auth import new_secret
 from tokenflow.comm.tcp import bind_listener
 from tokenflow.coordinator import DEFAULT_HEARTBEAT_TIMEOUT, Coordinator, Liveness
 from tokenflow.spark import session as spark_session
+
+log = logging.getLogger(__name__)
 
 TAG = "__tf_input"
 RESULT_SCHEMA = "worker int, ok boolean, payload binary"
@@ -171,7 +174,8 @@ def _input_partitions(spark: Any, inputs: dict[str, Any], workers: int,
 
     When every input is a local table (Arrow or pandas), the RDD of
     ``tokenflow.spark.inputs.arrow_partitions``: the driver splits and sorts them and Spark
-    carries Arrow IPC chunks.  Otherwise one DataFrame
+    carries Arrow IPC chunks.  Otherwise (or when a worker's share would pass
+    ``MAX_SHARE_BYTES``, logged) one DataFrame
     with columns prefixed per input and a tag column, split by a hash of every column
     (reproducible: the same rows go to the same partition on every run, unlike a round-robin
     ``repartition(W)``, whose assignment depends on the order Spark reads the input in) and
@@ -179,10 +183,14 @@ def _input_partitions(spark: Any, inputs: dict[str, Any], workers: int,
     from pyspark.sql import functions as F  # noqa: N812 - Spark's own convention
 
     from tokenflow.inputs import as_table
-    from tokenflow.spark.inputs import arrow_partitions, is_local_table
+    from tokenflow.spark.inputs import MAX_SHARE_BYTES, arrow_partitions, is_local_table
 
     if all(is_local_table(df) for df in inputs.values()):
-        return arrow_partitions(spark, inputs, workers, sort_by)
+        carried = arrow_partitions(spark, inputs, workers, sort_by)
+        if carried is not None:
+            return carried
+        log.info("a worker's share of the local input tables passes %d bytes: they go to "
+                 "Spark as a DataFrame, split by a hash of their rows", MAX_SHARE_BYTES)
     frames = []
     layout: list[tuple[str, list[str]]] = []
     order = [F.col(TAG)]
