@@ -9,7 +9,10 @@ at ``--rate`` epochs/s on a wall-clock grid, through ``megaphone_fold`` (emittin
 running count)``), on the ``process`` runtime with 4 worker slots.  The driver (``JobHandle``)
 scales 2 -> 3 -> 4 -> 3 -> 2 workers, ``--gap`` s apart: a join starts a worker *process*, which
 dials the others and is bootstrapped from worker 0 (``tokenflow.membership``), then Megaphone
-moves its share of the bins to it; a leave moves its bins back and lets it go.
+moves its share of the bins to it; a leave moves its bins back and lets it go.  With
+``--runtime spark`` the same on Spark ``local[4]`` (the session started first, untimed): a join
+is a one-task barrier stage of its own on the same SparkSession; results go to
+``membership_spark.md`` / ``.json``.
 
 Measured, all ``time.time()`` on one machine:
 
@@ -27,7 +30,8 @@ Measured, all ``time.time()`` on one machine:
   slots keeps its progress state and counts its tokens), in alternating rounds; the ratio of
   their throughputs.
 
-Run: ``.venv/bin/python benchmarks/membership.py`` (about 2 minutes) or ``--quick``.
+Run: ``.venv/bin/python benchmarks/membership.py`` (about 2 minutes) or ``--quick``;
+``--runtime spark`` for Spark.
 """
 
 from __future__ import annotations
@@ -144,11 +148,17 @@ def pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-def scaled_run(cfg: dict[str, Any], gap: float) -> dict[str, Any]:
+def where(runtime: str, slots: int) -> dict[str, Any]:
+    """``execute``/``start`` options of ``runtime`` for a job of ``slots`` slots."""
+    return {"runtime": runtime, "slots": slots,
+            **({"master": f"local[{SLOTS}]"} if runtime == "spark" else {})}
+
+
+def scaled_run(cfg: dict[str, Any], gap: float, runtime: str) -> dict[str, Any]:
     from tokenflow.job import start
 
     cfg = {**cfg, "origin": time.time() + 4.0}
-    handle = start(make_job(cfg), workers=FEEDERS, runtime="process", slots=SLOTS)
+    handle = start(make_job(cfg), workers=FEEDERS, **where(runtime, SLOTS))
     calls = []
     time.sleep(max(0.0, cfg["origin"] - time.time()) + gap)
     for n in (3, 4, 3, 2):
@@ -162,12 +172,12 @@ def scaled_run(cfg: dict[str, Any], gap: float) -> dict[str, Any]:
     return {"results": results, "calls": calls}
 
 
-def throughput_run(cfg: dict[str, Any], slots: int) -> tuple[float, float]:
+def throughput_run(cfg: dict[str, Any], slots: int, runtime: str) -> tuple[float, float]:
     """Words/s (wall) and CPU µs per word (both worker processes) of one unpaced run."""
     from tokenflow import execute
 
     cfg = {**cfg, "rate": 0, "origin": 0.0}
-    results = execute(make_job(cfg), workers=FEEDERS, runtime="process", slots=slots)
+    results = execute(make_job(cfg), workers=FEEDERS, **where(runtime, slots))
     feeders = results[:FEEDERS]
     elapsed = max(r["done"][-1] for r in feeders) - min(r["sent"][0] for r in feeders)
     check(results)
@@ -216,10 +226,15 @@ def report(a: dict[str, Any], overhead: list[tuple[tuple[float, float], tuple[fl
         f"Measured {extra['when']:%Y-%m-%d %H:%M} UTC by `{extra['command']}` ({extra['seconds']:.0f} s, "
         f"load average {extra['load'][0]:.2f} at the start, {extra['load'][1]:.2f} at the end; "
         f"{os.cpu_count()} cores).  {extra['provenance']}", "",
-        f"Running word count (`megaphone_fold`), process runtime, {SLOTS} worker slots, workers 0 "
+        f"Running word count (`megaphone_fold`), {extra['runtime']} runtime"
+        + (f" (Spark `local[{SLOTS}]`, session started before, untimed)"
+           if extra["runtime"] == "spark" else "")
+        + f", {SLOTS} worker slots, workers 0 "
         f"and 1 feeding {cfg['words']:,} words each per epoch at {cfg['rate']} epochs/s; the driver "
         f"scales 2 -> 3 -> 4 -> 3 -> 2 workers {cfg['gap']:g} s apart (each join starts a worker "
-        "process that is bootstrapped from worker 0, then Megaphone gives it its share of the "
+        + ("as a one-task barrier stage of its own on the same SparkSession"
+           if extra["runtime"] == "spark" else "process")
+        + " that is bootstrapped from worker 0, then Megaphone gives it its share of the "
         "bins).  The final state was checked against a `Counter` before any figure.", "",
         "| scale call | seconds |", "|---|---:|"]
     lines += [f"| to {c['to']} workers | {c['seconds']:.2f} |" for c in a["calls"]]
@@ -269,35 +284,41 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=6, help="overhead rounds (each: 2 runs)")
     parser.add_argument("--overhead-epochs", type=int, default=1000)
     parser.add_argument("--no-write", action="store_true")
+    parser.add_argument("--runtime", choices=["process", "spark"], default="process")
     args = parser.parse_args()
     gap = 2.0 if args.quick else args.gap
     rounds = 2 if args.quick else args.rounds
     epochs = int((4 * gap + gap + 4) * args.rate)
     cfg = {"words": args.words, "rate": args.rate, "epochs": epochs, "gap": gap,
            "overhead_epochs": args.overhead_epochs}
+    if args.runtime == "spark":
+        from tokenflow.spark.session import get_session
+
+        get_session(f"local[{SLOTS}]")
     load0, began = os.getloadavg()[0], time.time()
     print("scaled run", flush=True)
-    analysed = analyse(scaled_run(cfg, gap))
+    analysed = analyse(scaled_run(cfg, gap, args.runtime))
     overhead = []
     for i in range(rounds):
         print(f"overhead round {i + 1}", flush=True)
         tp_cfg = {**cfg, "epochs": args.overhead_epochs}
         if i % 2:  # alternate the order, so that a drift of the machine falls on both
-            four = throughput_run(tp_cfg, SLOTS)
-            two = throughput_run(tp_cfg, 2)
+            four = throughput_run(tp_cfg, SLOTS, args.runtime)
+            two = throughput_run(tp_cfg, 2, args.runtime)
         else:
-            two = throughput_run(tp_cfg, 2)
-            four = throughput_run(tp_cfg, SLOTS)
+            two = throughput_run(tp_cfg, 2, args.runtime)
+            four = throughput_run(tp_cfg, SLOTS, args.runtime)
         overhead.append((two, four))
     extra = {"when": datetime.datetime.now(datetime.UTC), "load": (load0, os.getloadavg()[0]),
-             "seconds": time.time() - began, "provenance": provenance(),
+             "seconds": time.time() - began, "provenance": provenance(), "runtime": args.runtime,
              "command": " ".join([".venv/bin/python benchmarks/membership.py", *sys.argv[1:]])}
     text = report(analysed, overhead, cfg, extra)
     print(text)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "membership.md").write_text(text)
-        (RESULTS / "membership.json").write_text(json.dumps(
+        stem = "membership" if args.runtime == "process" else f"membership_{args.runtime}"
+        (RESULTS / f"{stem}.md").write_text(text)
+        (RESULTS / f"{stem}.json").write_text(json.dumps(
             {"calls": analysed["calls"], "joins": analysed["joins"], "served_s": analysed["served"],
              "state_bytes": analysed["sizes"],
              "overhead_runs_2_vs_4_slots": overhead,  # (words/s, CPU us per word) each
