@@ -62,7 +62,7 @@ from tokenflow.dataflow.channels import Broadcast, Message, Push
 from tokenflow.dataflow.operators.builder import OperatorBuilder, operator_key
 from tokenflow.dataflow.operators.stateful import PendingRecords, fold_records
 from tokenflow.dataflow.routing import MASKED_PEERS, partition_list
-from tokenflow.dataflow.state import BinnedState, KeyedState, key_bins, pickled
+from tokenflow.dataflow.state import BinnedState, KeyBins, KeyedState, pickled
 from tokenflow.faults import crash_point
 from tokenflow.progress.antichain import Antichain
 from tokenflow.rescale.clock import Activation
@@ -1140,8 +1140,10 @@ def megaphone_fold(stream: Stream, fold: Callable[[Any, Any, Any], tuple[Any, It
     peers = getattr(worker, "slots", scope.peers)  # joining workers take free slots
     bins = table.bins
 
+    bins_of_keys = KeyBins(bins)
+
     def split(records: list[Any], owners: np.ndarray) -> Iterable[tuple[int, Any]]:
-        targets = owners[key_bins([get_key(r) for r in records], bins)]
+        targets = owners[bins_of_keys(list(map(get_key, records)))]
         routes = targets.astype(np.uint8).tobytes() if peers <= MASKED_PEERS else targets.tolist()
         return partition_list(records, routes, peers)
 
