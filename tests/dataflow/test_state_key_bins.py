@@ -30,3 +30,5 @@ def test_unhashable_keys_are_hashed_every_time() -> None:
     batch: list[Any] = [["a", 1], ["b", 2], ["a", 1]]
     assert memo(batch).tolist() == key_bins(batch, 64).tolist()
     assert memo(["x", "y"]).tolist() == key_bins(["x", "y"], 64).tolist()
+    mixed: list[Any] = ["new", ["b", 2]]  # a key the memo lacks comes first
+    assert memo(mixed).tolist() == key_bins(mixed, 64).tolist()

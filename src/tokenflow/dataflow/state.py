@@ -148,7 +148,10 @@ class KeyBins:
             pass
         except TypeError:  # an unhashable key
             return key_bins(keys, self.bins)
-        missing = list(set(keys).difference(memo))
+        try:
+            missing = list(set(keys).difference(memo))
+        except TypeError:  # an unhashable key after a hashable one not seen yet
+            return key_bins(keys, self.bins)
         if len(memo) + len(missing) > self.capacity:
             memo.clear()
             missing = list(set(keys))

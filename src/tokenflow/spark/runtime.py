@@ -289,7 +289,8 @@ while a stage runs: the driver reports the failure itself)."""
 _LOG_HANDLES: tuple[Any, Any, Any, list[tuple[str, Any]]] | None = None
 """``(SparkContext, Configurator.setLevel, Level.OFF, [(name, logger)])``: the JVM handles
 ``_quiet_task_logs`` uses, resolved once per SparkContext (each attribute of a JVM path is a
-py4j round trip: resolving them for every job cost 60 ms of an empty 0.28 s job)."""
+py4j round trip: entering and leaving the block cost 14-26 ms per job resolving them, 2 ms
+with them kept; an empty job takes 0.25-0.28 s here)."""
 
 
 def _log_handles(sc: Any) -> tuple[Any, Any, list[tuple[str, Any]]]:

@@ -88,7 +88,7 @@ def warm_up(session: Any, master: str) -> None:
     try:
         # a barrier stage over parallelized items, one partition a slot: the path of a
         # job's tasks and of its local-table inputs (``tokenflow.spark.inputs``)
-        session.sparkContext.parallelize([b""] * slots, slots).barrier() \
+        session.sparkContext.parallelize(range(slots), slots).barrier() \
             .mapPartitions(touch).collect()
     except Exception:  # noqa: BLE001,S110 - see the docstring
         pass
